@@ -1,0 +1,48 @@
+# scifolio — install, test, lint, bench. Everything runs from the project venv (.venv).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export MINERU_HOME := $(CURDIR)/.cache/mineru
+export DS_ACCELERATOR := cpu
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install system-deps test test-fast lint bench clean
+
+# torch first and alone: the CPU wheel (2.13.0) must be in place before anything can ask for torch,
+# or a resolver pulls a multi-GB CUDA build.
+install: system-deps
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[all]'
+	$(BIN)/pip check
+
+# Browser tests drive Debian's Chromium; the loopback-only test namespace needs iproute2's `ip`.
+system-deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v ip >/dev/null) || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver iproute2 >/dev/null); \
+	else echo "not root: install chromium, chromium-driver and iproute2 yourself for the browser tests"; fi
+
+# The whole suite, offline. HF_HUB_OFFLINE proves no test loads weights from a hub.
+test:
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -p no:cacheprovider
+
+test-fast:
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -m "not slow and not integration"
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench:
+	$(BIN)/python benchmarks/build_throughput.py
+	$(BIN)/python benchmarks/visual_gain.py
+	$(BIN)/python benchmarks/index.py
+	$(BIN)/python benchmarks/pretrain_step.py
+	$(BIN)/python benchmarks/rl_math.py
+
+clean:
+	rm -rf .cache .pytest_cache build *.egg-info

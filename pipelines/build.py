@@ -1,0 +1,270 @@
+"""The corpus job's per-document work and its on-disk bookkeeping, Beam-free.
+
+``DocumentBuilder`` turns one PDF's bytes into chunk rows (parse → [visual gain] → interleave →
+tokenise → chunk) and ``WorkStore`` keeps each finished document under ``OUT/_work/<config hash>/`` so
+a rerun (or a run killed with ``kill -9``) skips finished documents and redoes only unfinished ones.
+``ShardWriter`` packs finished documents into shards deterministically (sorted by doc_id), and
+``write_manifest`` ties it all together. ``pipelines/corpus.py`` wires these into Beam.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from parsing.records import Document, Dropped, Page
+from pipelines.chunk import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, chunk_document
+from pipelines.interleave import ImageTokenRule, Tokenizer, interleave_document
+from pipelines.shards import SCHEMA_VERSION, SHARD_SCHEMA, ChunkRow, file_sha256
+
+# A page filter is the visual-gain slot: it receives a document's parsed pages (with the Document for its
+# metadata) and returns the kept pages plus a Dropped for every rejected one. None = pages pass unscored.
+PageFilter = Callable[[Document, Sequence[Page]], tuple[list[Page], list[Dropped]]]
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything that determines the job's output; its hash keys resumption."""
+
+    tokenizer: str
+    """Hugging Face tokenizer name or local path (fast tokenizer; offsets are needed to split text)."""
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    """Chunk cap C in tokens, image tokens included."""
+    overlap: int = DEFAULT_OVERLAP
+    """Tokens shared by consecutive chunks (O)."""
+    image_tokens: ImageTokenRule = field(default_factory=ImageTokenRule)
+    """Rule giving an image's token count from its pixel size."""
+    docs_per_shard: int = 256
+    """Target documents per shard file (the shard count is derived from the document count)."""
+    parse: Any = None
+    """parsing.ParseConfig; kept as Any so this module imports without the parser's dependencies."""
+    visual_gain: Any = None
+    """The visual-gain stage's config, or None when pages pass unscored."""
+
+    def config_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["tokenizer_fingerprint"] = _tokenizer_fingerprint(self.tokenizer)
+        return d
+
+    def config_hash(self, parser_version: str) -> str:
+        payload = json.dumps(
+            {"config": self.config_dict(), "parser_version": parser_version, "schema": SCHEMA_VERSION},
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _tokenizer_fingerprint(name: str) -> str:
+    """A local tokenizer is identified by its files' content, a hub one by its name."""
+    path = Path(name)
+    for fname in ("tokenizer.json", "vocab.json", "tokenizer.model"):
+        if (path / fname).is_file():
+            return file_sha256(path / fname)[:16]
+    return name
+
+
+@dataclass
+class DocResult:
+    doc_id: str
+    source: str
+    rows: list[dict[str, Any]]
+    dropped: list[Dropped]
+    stats: dict[str, int]
+    layout: list[dict[str, Any]] = field(default_factory=list)
+
+
+class DocumentBuilder:
+    """One document's bytes → chunk rows + dead letters. Build once per worker (tokenizer, parser config)."""
+
+    def __init__(self, config: BuildConfig, page_filter: PageFilter | None = None):
+        self.config = config
+        self.page_filter = page_filter
+        self.tokenizer = Tokenizer(config.tokenizer)
+
+    def build(self, data: bytes, source: str, parse_items: Iterable[Document | Page | Dropped]) -> DocResult:
+        """``parse_items`` is ``parsing.iter_parse(data, source, cfg)`` (injected so tests can feed records)."""
+        doc_id = hashlib.sha256(data).hexdigest()
+        stats: Counter[str] = Counter()
+        dropped: list[Dropped] = []
+        pages: list[Page] = []
+        document: Document | None = None
+        for item in parse_items:
+            if isinstance(item, Document):
+                document = item
+            elif isinstance(item, Page):
+                pages.append(item)
+            else:
+                dropped.append(item)
+        doc_level = [d for d in dropped if d.item_id in (doc_id, source)]
+        if document is None or doc_level:
+            # Rejected at open, or failed as a whole (e.g. a document timeout): nothing of it is kept,
+            # and it is accounted for once, by its document-level dead letter.
+            return DocResult(doc_id, source, [], doc_level or [Dropped(doc_id, "open", "unparsed", {"source": source})],
+                             dict(stats))
+        stats["documents"] = 1
+        stats["pages"] = document.n_pages
+        stats["pages_parsed"] = len(pages)
+        stats["crops"] = sum(len(p.crops) for p in pages)
+        for p in pages:
+            stats[f"pages_by_parser.{p.parser}"] += 1
+        layout = [page_layout(p) for p in pages]
+
+        if self.page_filter is not None and pages:
+            pages, rejected = self.page_filter(document, pages)
+            dropped.extend(rejected)
+        stats["pages_kept"] = len(pages)
+
+        segments = interleave_document(pages, self.tokenizer, self.config.image_tokens)
+        chunks = chunk_document(segments, self.config.max_tokens, self.config.overlap)
+        if not chunks:
+            dropped.append(Dropped(doc_id, "interleave", "empty_document",
+                                   {"source": source, "pages_kept": len(pages)}))
+            stats["documents"] = 0
+            return DocResult(doc_id, source, [], dropped, dict(stats), layout)
+
+        by_page = {p.page_index: p for p in pages}
+        rows = []
+        for c in chunks:
+            touched = sorted({s.page_index for s in c.segments})
+            renders = [
+                {"page_index": i, "png": r.png, "width": r.width, "height": r.height, "dpi": r.dpi}
+                for i in touched
+                if (r := by_page[i].render) is not None
+            ]
+            info = [
+                {"page_index": i, "parser": by_page[i].parser, "scores": json.dumps(dict(by_page[i].scores), default=str)}
+                for i in touched
+            ]
+            row = ChunkRow(
+                doc_id=doc_id,
+                chunk_index=c.index,
+                segments=c.segments,
+                images=c.images,
+                page_renders=tuple(renders),
+                pages=tuple(info),
+                meta={"source": source, "start": c.start, "end": c.end, "overlap": c.overlap,
+                      "n_chunks": len(chunks), "doc_meta": dict(document.meta)},
+            )
+            rows.append(row.to_row())
+        stats["chunks"] = len(rows)
+        stats["tokens"] = sum(r["n_tokens"] for r in rows)
+        stats["images"] = len({s["image_sha256"] for r in rows for s in r["segments"] if s["kind"] == "image"})
+        return DocResult(doc_id, source, rows, dropped, dict(stats), layout)
+
+
+def page_layout(page: Page) -> dict[str, Any]:
+    """The boxes of a parsed page, kept beside the results for ``scifolio report``."""
+    return {
+        "page_index": page.page_index, "width": page.width, "height": page.height, "parser": page.parser,
+        "blocks": [{"kind": b.kind, "bbox": list(b.bbox), "crop": b.crop.sha256 if b.crop else None} for b in page.blocks],
+    }
+
+
+class WorkStore:
+    """Per-document results on disk, written atomically; the ``.done`` marker is written last.
+
+    Layout: ``<root>/<doc_id[:2]>/<doc_id>.parquet`` (chunk rows), ``.dropped.jsonl``, ``.done`` (stats JSON).
+    A document killed mid-write leaves at most a ``.tmp-*`` file and no marker, so it is redone.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    def _base(self, doc_id: str) -> Path:
+        return self.root / doc_id[:2] / doc_id
+
+    def done(self, doc_id: str) -> dict[str, Any] | None:
+        marker = self._base(doc_id).with_suffix(".done")
+        if not marker.is_file():
+            return None
+        return json.loads(marker.read_text())
+
+    def save(self, result: DocResult) -> dict[str, Any]:
+        base = self._base(result.doc_id)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        if result.rows:
+            _atomic_write_table(base.with_suffix(".parquet"), pa.Table.from_pylist(result.rows, schema=SHARD_SCHEMA))
+        _atomic_write_text(base.with_suffix(".dropped.jsonl"), "".join(json.dumps(d.to_row()) + "\n" for d in result.dropped))
+        _atomic_write_text(base.with_suffix(".layout.json"), json.dumps({"source": result.source, "pages": result.layout}))
+        summary = {"doc_id": result.doc_id, "source": result.source, "n_chunks": len(result.rows),
+                   "stats": result.stats, "finished_at": time.time()}
+        _atomic_write_text(base.with_suffix(".done"), json.dumps(summary))
+        return summary
+
+    def dropped(self, doc_id: str) -> list[Dropped]:
+        path = self._base(doc_id).with_suffix(".dropped.jsonl")
+        if not path.is_file():
+            return []
+        return [Dropped.from_row(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+    def table_path(self, doc_id: str) -> Path:
+        return self._base(doc_id).with_suffix(".parquet")
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _atomic_write_table(path: Path, table: pa.Table) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+def shard_of(doc_id: str, n_shards: int) -> int:
+    """Deterministic, scheduling-independent shard assignment."""
+    return int(doc_id[:12], 16) % n_shards
+
+
+def n_shards_for(n_docs: int, docs_per_shard: int) -> int:
+    return max(1, -(-n_docs // docs_per_shard))
+
+
+def shard_name(index: int, n_shards: int) -> str:
+    return f"shard-{index:05d}-of-{n_shards:05d}.parquet"
+
+
+def write_shard_from_docs(store: WorkStore, out_dir: Path, index: int, n_shards: int, doc_ids: Iterable[str]) -> dict[str, Any]:
+    """Stream the finished documents of one shard, sorted by doc_id, into one parquet file (atomic)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / shard_name(index, n_shards)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    rows = tokens = 0
+    with pq.ParquetWriter(tmp, SHARD_SCHEMA, compression="zstd") as writer:
+        for doc_id in sorted(set(doc_ids)):
+            table = pq.read_table(store.table_path(doc_id), schema=SHARD_SCHEMA)
+            table = table.sort_by("chunk_index")
+            writer.write_table(table, row_group_size=64)
+            rows += table.num_rows
+            tokens += int(pc.sum(table["n_tokens"]).as_py() or 0)
+    os.replace(tmp, path)
+    return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": file_sha256(path), "bytes": path.stat().st_size}
+
+
+def write_quarantine(out_dir: Path, stage: str, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """All dead letters of one stage, sorted, in ``quarantine/<stage>.jsonl``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = sorted(json.dumps(r, sort_keys=True) for r in rows)
+    _atomic_write_text(out_dir / f"{stage}.jsonl", "".join(line + "\n" for line in lines))
+    return {"stage": stage, "file": f"{stage}.jsonl", "count": len(lines)}
+
+
+def iter_quarantine(out_dir: Path) -> Iterator[Dropped]:
+    for path in sorted(Path(out_dir).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                yield Dropped.from_row(json.loads(line))

@@ -1,0 +1,374 @@
+"""The corpus job on Apache Beam: PDFs → parsed pages → crops → [visual gain] → interleaved chunks → shards.
+
+    scifolio build ../shared/samples --out out/ --tokenizer tiny/tokenizer
+    scifolio build 'gs://bucket/pdfs/**.pdf' --out gs://... --runner DataflowRunner --project P ...
+
+Graph:
+    patterns → MatchAll → ReadAndHash (doc_id) → GroupByKey(doc_id) → dedupe (duplicates → dead letters)
+      → Reshuffle → ProcessDocument [parse → visual-gain slot → interleave → chunk; cached per doc]
+          ├─ main: finished documents → shard = hash(doc_id) mod N → GroupByKey → WriteShard (sorted)
+          └─ "dropped": dead letters → GroupByKey(stage) → quarantine/<stage>.jsonl (sorted)
+    The driver then writes manifest.json from the shard entries, Beam metrics and quarantine counts.
+
+Output is a function of the input set and the config only: doc ids are content hashes, shard
+assignment hashes the doc id, rows inside a shard are sorted, so worker scheduling changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from parsing.records import Dropped
+from pipelines.shards import SCHEMA_VERSION
+from pipelines.build import (
+    BuildConfig,
+    DocumentBuilder,
+    WorkStore,
+    iter_quarantine,
+    n_shards_for,
+    shard_name,
+    shard_of,
+    write_quarantine,
+    write_shard_from_docs,
+)
+
+log = logging.getLogger(__name__)
+NAMESPACE = "scifolio"
+PDF_SUFFIXES = (".pdf", ".PDF", ".Pdf")
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    out: str
+
+    @property
+    def shards(self) -> Path:
+        return Path(self.out) / "shards"
+
+    @property
+    def quarantine(self) -> Path:
+        return Path(self.out) / "quarantine"
+
+    def work(self, config_hash: str) -> Path:
+        return Path(self.out) / "_work" / config_hash
+
+
+def expand_inputs(inputs: Sequence[str]) -> list[str]:
+    """Files, directories, globs or filesystem URLs → match patterns (directories mean every PDF below)."""
+    patterns = []
+    for item in inputs:
+        if "://" not in item and os.path.isdir(item):
+            patterns.append(os.path.join(os.path.abspath(item), "**"))
+        elif "://" not in item and not any(ch in item for ch in "*?["):
+            patterns.append(os.path.abspath(item))
+        else:
+            patterns.append(item.rstrip("/") + "/**" if item.endswith("/") else item)
+    return patterns
+
+
+def _is_dir_pattern(pattern: str) -> bool:
+    return pattern.endswith("/**")
+
+
+class ReadAndHash(beam.DoFn):
+    """Matched file → (doc_id, path). Unreadable files become dead letters."""
+
+    def process(self, meta: Any) -> Iterable[Any]:
+        import hashlib
+
+        path = meta.path
+        try:
+            with FileSystems.open(path) as f:
+                h = hashlib.sha256()
+                while block := f.read(1 << 20):
+                    h.update(block)
+        except Exception as e:  # a file that vanished or can't be read is a dead letter, not a crash
+            Metrics.counter(NAMESPACE, "dropped.read.unreadable").inc()
+            yield beam.pvalue.TaggedOutput("dropped", Dropped(path, "read", "unreadable", {"error": repr(e)}).to_row())
+            return
+        yield h.hexdigest(), path
+
+
+def dedupe(element: tuple[str, Iterable[str]]) -> Iterable[Any]:
+    """Same bytes under several paths: the smallest path is processed, the others are dead letters."""
+    doc_id, paths = element
+    paths = sorted(set(paths))
+    yield doc_id, paths[0]
+    for other in paths[1:]:
+        Metrics.counter(NAMESPACE, "dropped.open.duplicate").inc()
+        yield beam.pvalue.TaggedOutput(
+            "dropped", Dropped(f"{doc_id}@{other}", "open", "duplicate", {"source": other, "kept": paths[0]}).to_row()
+        )
+
+
+class ProcessDocument(beam.DoFn):
+    """Parse, score, interleave and chunk one document; cached per doc_id under the work dir.
+
+    Heavy objects (tokenizer, parser worker, visual-gain model) are built in ``setup``.
+    """
+
+    def __init__(self, config: BuildConfig, work_root: str, parser_version: str, progress_total: int | None = None):
+        self.config = config
+        self.work_root = work_root
+        self.parser_version = parser_version
+        self.progress_total = progress_total
+
+    def setup(self) -> None:
+        from pipelines.stages import make_page_filter
+
+        self.store = WorkStore(self.work_root)
+        self.page_filter = make_page_filter(self.config.visual_gain)
+        self.builder = DocumentBuilder(self.config, self.page_filter)
+        self._bar = None
+        if self.progress_total:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.progress_total, desc="documents", unit="doc", file=sys.stderr, leave=False)
+
+    def process(self, element: tuple[str, str]) -> Iterable[Any]:
+        from parsing import iter_parse
+
+        doc_id, source = element
+        summary = self.store.done(doc_id)
+        if summary is not None:
+            Metrics.counter(NAMESPACE, "documents_resumed").inc()
+            dropped = self.store.dropped(doc_id)
+        else:
+            with FileSystems.open(source) as f:
+                data = f.read()
+            t0 = time.perf_counter()
+            result = self.builder.build(data, source, iter_parse(data, source, self.config.parse))
+            Metrics.distribution(NAMESPACE, "doc_ms").update(int((time.perf_counter() - t0) * 1000))
+            summary = self.store.save(result)
+            dropped = result.dropped
+        for key, value in summary["stats"].items():
+            Metrics.counter(NAMESPACE, key).inc(int(value))
+        for d in dropped:
+            Metrics.counter(NAMESPACE, f"dropped.{d.stage}.{d.reason}").inc()
+            yield beam.pvalue.TaggedOutput("dropped", d.to_row())
+        if self._bar is not None:
+            self._bar.update(1)
+        if summary["n_chunks"]:
+            yield doc_id
+
+    def teardown(self) -> None:
+        if getattr(self, "_bar", None) is not None:
+            self._bar.close()
+        closer = getattr(getattr(self, "page_filter", None), "close", None)
+        if closer:
+            closer()
+
+
+class WriteShard(beam.DoFn):
+    def __init__(self, work_root: str, shards_dir: str):
+        self.work_root = work_root
+        self.shards_dir = shards_dir
+
+    def process(self, element: tuple[tuple[int, int], Iterable[str]]) -> Iterable[dict[str, Any]]:
+        (index, n_shards), doc_ids = element
+        entry = write_shard_from_docs(WorkStore(self.work_root), Path(self.shards_dir), index, n_shards, doc_ids)
+        Metrics.counter(NAMESPACE, "shards").inc()
+        yield entry
+
+
+def build_pipeline(
+    p: beam.Pipeline, inputs: Sequence[str], config: BuildConfig, out: str, parser_version: str,
+    progress_total: int | None = None,
+) -> dict[str, beam.PCollection]:
+    paths = JobPaths(out)
+    config_hash = config.config_hash(parser_version)
+    work_root = str(paths.work(config_hash))
+    patterns = expand_inputs(inputs)
+
+    def keep(meta: Any) -> bool:
+        # Directory expansion takes PDFs only; explicitly named files and globs are validated whatever they are.
+        return not meta.path.endswith("/") and (meta.path.endswith(PDF_SUFFIXES) or not dir_only(meta.path))
+
+    dir_roots = tuple(pt[:-2] for pt in patterns if _is_dir_pattern(pt))
+
+    def dir_only(path: str) -> bool:
+        return any(path.startswith(r) for r in dir_roots)
+
+    matched = (
+        p
+        | "Patterns" >> beam.Create(patterns)
+        | "Match" >> fileio.MatchAll(fileio.EmptyMatchTreatment.DISALLOW)
+        | "OnlyFiles" >> beam.Filter(keep)
+    )
+    hashed = matched | "ReadAndHash" >> beam.ParDo(ReadAndHash()).with_outputs("dropped", main="docs")
+    unique = (
+        hashed.docs
+        | "ByDocId" >> beam.GroupByKey()
+        | "Dedupe" >> beam.FlatMap(dedupe).with_outputs("dropped", main="docs")
+    )
+    processed = (
+        unique.docs
+        | "Spread" >> beam.Reshuffle()
+        | "ProcessDocument"
+        >> beam.ParDo(ProcessDocument(config, work_root, parser_version, progress_total)).with_outputs(
+            "dropped", main="docs"
+        )
+    )
+    # ----- shards: N derived from the number of finished documents, assignment by doc_id hash -----
+    n_docs = processed.docs | "CountDocs" >> beam.combiners.Count.Globally()
+    entries = (
+        processed.docs
+        | "AssignShard"
+        >> beam.Map(
+            lambda doc_id, n: ((shard_of(doc_id, n_shards_for(n, config.docs_per_shard)),
+                                n_shards_for(n, config.docs_per_shard)), doc_id),
+            n=beam.pvalue.AsSingleton(n_docs),
+        )
+        | "ByShard" >> beam.GroupByKey()
+        | "WriteShard" >> beam.ParDo(WriteShard(work_root, str(paths.shards)))
+    )
+    # ----- dead letters: one sorted jsonl per stage -----
+    dropped = (
+        (hashed.dropped, unique.dropped, processed.dropped)
+        | "AllDropped" >> beam.Flatten()
+        | "ByStage" >> beam.Map(lambda row: (row["stage"], row))
+        | "GroupStage" >> beam.GroupByKey()
+        | "WriteQuarantine" >> beam.MapTuple(lambda stage, rows: write_quarantine(paths.quarantine, stage, rows))
+    )
+    collected = (
+        (entries | "TagShards" >> beam.Map(lambda e: ("shard", e)), dropped | "TagQ" >> beam.Map(lambda e: ("quarantine", e)))
+        | "FlattenOut" >> beam.Flatten()
+        | "Collect" >> beam.combiners.ToList()
+        | "WriteParts" >> beam.Map(_write_parts, out=out)
+    )
+    return {"entries": entries, "dropped": dropped, "parts": collected, "config_hash": config_hash}
+
+
+def _write_parts(items: list[tuple[str, dict[str, Any]]], out: str) -> str:
+    path = Path(out) / "_work" / "parts.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"parts.json.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(sorted(items, key=lambda x: json.dumps(x, sort_keys=True))))
+    os.replace(tmp, path)
+    return str(path)
+
+
+def count_inputs(inputs: Sequence[str]) -> int | None:
+    """Number of files the job will read (local inputs only; None when unknown/remote)."""
+    total = 0
+    for pattern in expand_inputs(inputs):
+        if "://" in pattern:
+            return None
+        try:
+            for m in FileSystems.match([pattern])[0].metadata_list:
+                if not _is_dir_pattern(pattern) or m.path.endswith(PDF_SUFFIXES):
+                    total += 1
+        except Exception:
+            return None
+    return total
+
+
+def run(
+    inputs: Sequence[str], out: str, config: BuildConfig, beam_args: Sequence[str] = (), progress: bool = True
+) -> dict[str, Any]:
+    """Run the job and write ``OUT/manifest.json``; returns the manifest."""
+    from parsing import PARSER_VERSION, available_backends
+
+    options = PipelineOptions(list(beam_args))
+    if "--runner" not in " ".join(beam_args):
+        options.view_as(beam.options.pipeline_options.StandardOptions).runner = "DirectRunner"
+    os.makedirs(out, exist_ok=True) if "://" not in out else None
+    n_inputs = count_inputs(inputs)
+    t0 = time.time()
+    p = beam.Pipeline(options=options)
+    graph = build_pipeline(p, inputs, config, out, PARSER_VERSION, n_inputs if progress else None)
+    result = p.run()
+    result.wait_until_finish()
+    elapsed = time.time() - t0
+    counters = {
+        c.key.metric.name: c.committed if c.committed is not None else c.attempted
+        for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
+    }
+    manifest = write_manifest(out, config, graph["config_hash"], PARSER_VERSION, available_backends(),
+                              counters, n_inputs, inputs, elapsed)
+    return manifest
+
+
+def write_manifest(
+    out: str, config: BuildConfig, config_hash: str, parser_version: str, backends: dict[str, str],
+    counters: dict[str, int], n_inputs: int | None, inputs: Sequence[str], elapsed_s: float,
+) -> dict[str, Any]:
+    paths = JobPaths(out)
+    parts = json.loads((Path(out) / "_work" / "parts.json").read_text())
+    shards = sorted((e for kind, e in parts if kind == "shard"), key=lambda e: e["file"])
+    quarantine = sorted((e for kind, e in parts if kind == "quarantine"), key=lambda e: e["stage"])
+    # shards from an earlier run with another shard count are stale: remove them so the folder = manifest
+    keep = {e["file"] for e in shards}
+    for stale in paths.shards.glob("shard-*.parquet"):
+        if stale.name not in keep:
+            stale.unlink()
+    keep_q = {e["file"] for e in quarantine}
+    for stale in paths.quarantine.glob("*.jsonl"):
+        if stale.name not in keep_q:
+            stale.unlink()
+
+    dropped = list(iter_quarantine(paths.quarantine))
+    by_reason = Counter(f"{d.stage}.{d.reason}" for d in dropped)
+    doc_level = {d.item_id for d in dropped if not is_page_id(d.item_id)}
+    docs_in_shards = sum(1 for _ in _doc_ids_in_shards(paths.shards, shards))
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "inputs": list(inputs),
+        "config": config.config_dict(),
+        "config_hash": config_hash,
+        "parser_version": parser_version,
+        "parser_backends": backends,
+        "shards": shards,
+        "totals": {
+            "input_files": n_inputs,
+            "documents_in_shards": docs_in_shards,
+            "documents_quarantined": len(doc_level),
+            "chunks": sum(e["rows"] for e in shards),
+            "tokens": sum(e["tokens"] for e in shards),
+        },
+        "dropped_by_reason": dict(sorted(by_reason.items())),
+        "quarantine": quarantine,
+        "metrics": dict(sorted(counters.items())),
+        "elapsed_s": round(elapsed_s, 2),
+    }
+    text = json.dumps(manifest, indent=2, sort_keys=False, default=str)
+    tmp = Path(out) / f".manifest.json.tmp-{os.getpid()}"
+    tmp.write_text(text)
+    os.replace(tmp, Path(out) / "manifest.json")
+    return manifest
+
+
+_PAGE_ID = re.compile(r"^[0-9a-f]{64}:\d+$")
+
+
+def is_page_id(item_id: str) -> bool:
+    """Dead letters are per page (``doc_id:page``) or per input document (anything else)."""
+    return bool(_PAGE_ID.match(item_id))
+
+
+def _doc_ids_in_shards(shards_dir: Path, entries: list[dict[str, Any]]) -> Iterable[str]:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    seen: set[str] = set()
+    for e in entries:
+        ids = pq.read_table(shards_dir / e["file"], columns=["doc_id"])["doc_id"]
+        seen.update(pc.unique(ids).to_pylist())
+    return iter(sorted(seen))

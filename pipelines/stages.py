@@ -1,0 +1,60 @@
+"""Adapters from stage code to the corpus job's slots (Beam-free; called inside DoFn.setup).
+
+The visual-gain slot sits between parsing and interleaving: a page filter that scores a document's
+pages with the VLM in batches and keeps those at or above their domain's threshold.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from parsing.records import Document, Dropped, Page
+
+
+@dataclass(frozen=True)
+class VisualGainSlot:
+    """What the corpus job needs to build the visual-gain stage on a worker."""
+
+    scorer: Any
+    """visual_gain.scorer.VisualGainConfig."""
+    thresholds_path: str | None = None
+    """Per-domain thresholds file; None = the built-in defaults."""
+
+
+def visual_gain_config(args: argparse.Namespace) -> VisualGainSlot | None:
+    if args.no_visual_gain or not args.visual_gain_model:
+        return None
+    from visual_gain.scorer import VisualGainConfig
+
+    return VisualGainSlot(
+        scorer=VisualGainConfig(model=args.visual_gain_model, batch_size=args.visual_gain_batch),
+        thresholds_path=args.thresholds,
+    )
+
+
+class VisualGainFilter:
+    """Loads the model once per worker; scores a document's pages in batches; applies thresholds."""
+
+    def __init__(self, slot: VisualGainSlot):
+        from visual_gain.scorer import VisualGainScorer
+        from visual_gain.thresholds import Thresholds
+
+        self.scorer = VisualGainScorer(slot.scorer)
+        self.model = self.scorer.load()
+        self.thresholds = Thresholds.load(slot.thresholds_path)
+
+    def __call__(self, document: Document, pages: Sequence[Page]) -> tuple[list[Page], list[Dropped]]:
+        scored = self.scorer.run_batch(list(pages), self.model)
+        domain = self.thresholds.domain_of(document.meta, scored)
+        kept: list[Page] = []
+        dropped: list[Dropped] = []
+        for page in scored:
+            decision = self.thresholds.decide(page, domain)
+            (dropped if isinstance(decision, Dropped) else kept).append(decision)
+        return kept, dropped
+
+
+def make_page_filter(slot: VisualGainSlot | None) -> VisualGainFilter | None:
+    return None if slot is None else VisualGainFilter(slot)

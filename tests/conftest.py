@@ -1,0 +1,32 @@
+"""Session-wide fixtures: offline environment and tiny locally-built models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests never touch the network: any hub lookup fails fast instead of hanging.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+_ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_ROOT / ".cache" / "torch_extensions"))
+os.environ.setdefault("MINERU_HOME", str(_ROOT / ".cache" / "mineru"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from pipelines.tiny import write_tiny_tokenizer
+
+    return str(write_tiny_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer"))
+
+
+def in_loopback_namespace() -> bool:
+    """True inside a loopback-only network namespace (only `lo`): where all-interface servers may start."""
+    try:
+        return sorted(os.listdir("/sys/class/net")) == ["lo"]
+    except OSError:
+        return False
