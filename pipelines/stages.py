@@ -21,6 +21,8 @@ class VisualGainSlot:
     """visual_gain.scorer.VisualGainConfig."""
     thresholds_path: str | None = None
     """Per-domain thresholds file; None = the built-in defaults."""
+    export_dir: str | None = None
+    """Where every scored page (kept or dropped) is saved per document, for `scifolio review export`."""
 
 
 def visual_gain_config(args: argparse.Namespace) -> VisualGainSlot | None:
@@ -28,9 +30,13 @@ def visual_gain_config(args: argparse.Namespace) -> VisualGainSlot | None:
         return None
     from visual_gain.scorer import VisualGainConfig
 
+    import os
+
     return VisualGainSlot(
-        scorer=VisualGainConfig(model=args.visual_gain_model, batch_size=args.visual_gain_batch),
+        scorer=VisualGainConfig(model=args.visual_gain_model, batch_size=args.visual_gain_batch,
+                                local_files_only=os.path.isdir(args.visual_gain_model)),
         thresholds_path=args.thresholds,
+        export_dir=os.path.join(args.out, "visual_gain"),
     )
 
 
@@ -44,10 +50,27 @@ class VisualGainFilter:
         self.scorer = VisualGainScorer(slot.scorer)
         self.model = self.scorer.load()
         self.thresholds = Thresholds.load(slot.thresholds_path)
+        self.export_dir = slot.export_dir
+
+    def _export(self, doc_id: str, pages: list[Page]) -> None:
+        """Scored pages of one document, written atomically (reruns overwrite with identical content)."""
+        import os
+        from pathlib import Path
+
+        from visual_gain.review import write_scored_pages
+
+        target = Path(self.export_dir) / doc_id[:2] / f"{doc_id}.parquet"
+        tmp = write_scored_pages(pages, target.with_name(f".{target.name}.tmp-{os.getpid()}"))
+        os.replace(tmp, target)
 
     def __call__(self, document: Document, pages: Sequence[Page]) -> tuple[list[Page], list[Dropped]]:
+        from visual_gain.thresholds import domain_of, page_text
+
         scored = self.scorer.run_batch(list(pages), self.model)
-        domain = self.thresholds.domain_of(document.meta, scored)
+        if self.export_dir:
+            self._export(document.doc_id, scored)
+        # One domain per document (metadata first, else the lexicon over the whole document's text).
+        domain = domain_of(document.meta, "\n".join(page_text(p) for p in scored))
         kept: list[Page] = []
         dropped: list[Dropped] = []
         for page in scored:
