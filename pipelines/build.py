@@ -52,6 +52,14 @@ class BuildConfig:
     visual_gain: Any = None
     """The visual-gain stage's config, or None when pages pass unscored."""
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.overlap < self.max_tokens:
+            raise ValueError(f"need 0 <= overlap < max_tokens, got {self.overlap} and {self.max_tokens}")
+        # An image must fit a chunk beside its overlap, or no chunk boundary can make progress past it.
+        cap = self.max_tokens - self.overlap - self.image_tokens.extra_tokens
+        if self.image_tokens.max_tokens > cap:
+            object.__setattr__(self, "image_tokens", dataclasses.replace(self.image_tokens, max_tokens=cap))
+
     def config_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["tokenizer_fingerprint"] = _tokenizer_fingerprint(self.tokenizer)
@@ -94,7 +102,21 @@ class DocumentBuilder:
         self.tokenizer = Tokenizer(config.tokenizer)
 
     def build(self, data: bytes, source: str, parse_items: Iterable[Document | Page | Dropped]) -> DocResult:
-        """``parse_items`` is ``parsing.iter_parse(data, source, cfg)`` (injected so tests can feed records)."""
+        """``parse_items`` is ``parsing.iter_parse(data, source, cfg)`` (injected so tests can feed records).
+
+        An unexpected error in any stage becomes a dead letter (stage "build", reason "error") with the
+        traceback, so one bad document never fails the job; the manifest and the CLI report the count.
+        """
+        try:
+            return self._build(data, source, parse_items)
+        except Exception as e:
+            import traceback
+
+            doc_id = hashlib.sha256(data).hexdigest()
+            detail = {"source": source, "error": repr(e), "traceback": traceback.format_exc(limit=8)}
+            return DocResult(doc_id, source, [], [Dropped(doc_id, "build", "error", detail)], {})
+
+    def _build(self, data: bytes, source: str, parse_items: Iterable[Document | Page | Dropped]) -> DocResult:
         doc_id = hashlib.sha256(data).hexdigest()
         stats: Counter[str] = Counter()
         dropped: list[Dropped] = []

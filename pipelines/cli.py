@@ -70,6 +70,8 @@ def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
         # Local default: one Beam worker process per core, which also proves the DoFns pickle.
         beam_args = [*beam_args, "--direct_running_mode=multi_processing",
                      f"--direct_num_workers={max(1, min(os.cpu_count() or 1, 8))}"]
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        beam_args = [*beam_args, f"--default_sdk_harness_log_level={'INFO' if args.verbose else 'WARNING'}"]
     manifest = run(args.inputs, args.out, config, beam_args, progress=not args.no_progress)
     t = manifest["totals"]
     print(f"shards: {len(manifest['shards'])}  chunks: {t['chunks']}  tokens: {t['tokens']}  "
@@ -109,7 +111,7 @@ def cmd_models_tiny(args: argparse.Namespace) -> int:
     out = Path(args.dir)
     written = {"tokenizer": str(write_tiny_tokenizer(out / "tokenizer"))}
     for module, fn in (("visual_gain.tiny", "write_tiny_visual_gain"), ("retrieval.tiny", "write_tiny_retrieval"),
-                       ("pretrain.tiny", "write_tiny_pretrain")):
+                       ("pretrain.tiny", "write_tiny_pretrain"), ("posttrain.tiny", "write_tiny_posttrain")):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

@@ -345,9 +345,14 @@ def write_manifest(
         },
         "dropped_by_reason": dict(sorted(by_reason.items())),
         "quarantine": quarantine,
+        "visual_gain": None,
         "metrics": dict(sorted(counters.items())),
         "elapsed_s": round(elapsed_s, 2),
     }
+    if config.visual_gain is not None:
+        from pipelines.report import visual_gain_summary
+
+        manifest["visual_gain"] = visual_gain_summary(Path(out), manifest)
     text = json.dumps(manifest, indent=2, sort_keys=False, default=str)
     tmp = Path(out) / f".manifest.json.tmp-{os.getpid()}"
     tmp.write_text(text)

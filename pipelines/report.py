@@ -109,23 +109,12 @@ def write_report(out: Path, pages_with_boxes: int = 6, thumbs_per_kind: int = 8)
     # tokens per chunk and crop thumbnails, streamed from the shards
     tokens: list[float] = []
     thumbs: dict[str, list[bytes]] = defaultdict(list)
-    delta_h: dict[str, list[float]] = defaultdict(list)
-    near: list[tuple[float, str, dict[str, Any]]] = []
-    seen_pages: set[str] = set()
-    for row in _iter_shard_rows(out, manifest, ["doc_id", "n_tokens", "images", "pages"]):
+    for row in _iter_shard_rows(out, manifest, ["n_tokens", "images"]):
         tokens.append(row["n_tokens"])
         for img in row["images"]:
             if len(thumbs[img["kind"]]) < thumbs_per_kind:
                 thumbs[img["kind"]].append(img["png"])
-        for page in row["pages"]:
-            pid = f"{row['doc_id']}:{page['page_index']}"
-            vg = json.loads(page["scores"] or "{}").get("visual_gain")
-            if vg and pid not in seen_pages:
-                seen_pages.add(pid)
-                _collect_vg(pid, vg, delta_h, near)
-    for d in iter_quarantine(out / "quarantine"):
-        if d.stage == "visual_gain":
-            _collect_vg(d.item_id, dict(d.detail), delta_h, near)
+    delta_h, near = collect_visual_gain(out, manifest)
 
     parts.append("<h2>Tokens per chunk</h2>" + svg_histogram(tokens, label="tokens/chunk"))
     parts.append("<h2>Crops by kind</h2>")
@@ -173,6 +162,46 @@ def write_report(out: Path, pages_with_boxes: int = 6, thumbs_per_kind: int = 8)
     path = out / "report.html"
     path.write_text(doc)
     return path
+
+
+def collect_visual_gain(out: Path, manifest: dict[str, Any]) -> tuple[dict[str, list[float]], list]:
+    """ΔH per domain over kept pages (shards' page provenance) and dropped ones (quarantine), and the
+    (distance to threshold, page id, scores) of every page, for "nearest the threshold" listings."""
+    delta_h: dict[str, list[float]] = defaultdict(list)
+    near: list[tuple[float, str, dict[str, Any]]] = []
+    seen: set[str] = set()
+    for row in _iter_shard_rows(out, manifest, ["doc_id", "pages"]):
+        for page in row["pages"]:
+            pid = f"{row['doc_id']}:{page['page_index']}"
+            vg = json.loads(page["scores"] or "{}").get("visual_gain")
+            if vg and pid not in seen:  # a page in the overlap of two chunks counts once
+                seen.add(pid)
+                _collect_vg(pid, vg, delta_h, near)
+    for d in iter_quarantine(out / "quarantine"):
+        if d.stage == "visual_gain":
+            _collect_vg(d.item_id, {**dict(d.detail), "kept": False}, delta_h, near)
+    return delta_h, near
+
+
+def visual_gain_summary(out: Path, manifest: dict[str, Any], bins: int = 20) -> dict[str, Any]:
+    """Per-domain ΔH histogram and kept/dropped counts, for the manifest."""
+    delta_h, near = collect_visual_gain(out, manifest)
+    summary: dict[str, Any] = {}
+    for domain, values in sorted(delta_h.items()):
+        lo, hi = min(values), max(values)
+        width = (hi - lo) / bins or 1.0
+        counts = [0] * bins
+        for v in values:
+            counts[min(bins - 1, int((v - lo) / width))] += 1
+        rows = [r for _, _, r in near if r.get("domain") == domain]
+        summary[domain] = {
+            "pages": len(values),
+            "kept": sum(1 for r in rows if r.get("kept")),
+            "dropped": sum(1 for r in rows if not r.get("kept")),
+            "threshold": rows[0].get("threshold") if rows else None,
+            "delta_h_nats": {"edges": [lo + i * width for i in range(bins + 1)], "counts": counts},
+        }
+    return summary
 
 
 def _collect_vg(pid: str, vg: dict[str, Any], delta_h: dict[str, list[float]], near: list) -> None:
