@@ -25,8 +25,11 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def in_loopback_namespace() -> bool:
-    """True inside a loopback-only network namespace (only `lo`): where all-interface servers may start."""
-    try:
-        return sorted(os.listdir("/sys/class/net")) == ["lo"]
-    except OSError:
-        return False
+    """True inside a loopback-only network namespace (only `lo`): where all-interface servers may start.
+
+    Asks the kernel for this namespace's interfaces; /sys/class/net is not remounted by `unshare -n`
+    and still lists the host's interfaces.
+    """
+    import socket
+
+    return [name for _, name in socket.if_nameindex()] == ["lo"]

@@ -124,3 +124,43 @@ def test_multiprocess_run_equals_in_memory_run_and_kill_resume(corpus: Path, tmp
     assert manifest["metrics"].get("documents_resumed", 0) >= 1  # finished documents were not redone
     rows = _shard_rows(killed)
     assert len({r["chunk_id"] for r in rows}) == len(rows)  # nothing duplicated
+
+
+def test_build_with_visual_gain_scores_every_kept_page(corpus: Path, tmp_path: Path, tiny_tokenizer: str):
+    """The visual-gain slot in the real job: kept pages carry ΔH, dropped ones are dead letters with the numbers,
+    the manifest has per-domain histograms, and every scored page is exported for review."""
+    from parsing import ParseConfig
+    from pipelines.build import BuildConfig
+    from pipelines.corpus import run
+    from pipelines.stages import VisualGainSlot
+    from visual_gain.review import read_scored_pages
+    from visual_gain.scorer import VisualGainConfig
+    from visual_gain.thresholds import Thresholds
+    from visual_gain.tiny import write_tiny_visual_gain
+
+    vlm = write_tiny_visual_gain(tmp_path / "models")["visual_gain_vlm"]
+    thresholds = Thresholds.load(None)
+    thr_path = tmp_path / "thresholds.json"
+    # a threshold below every plausible ΔH of a random model keeps all pages with visuals
+    Thresholds(by_domain={d: -10.0 for d in thresholds.by_domain}, keep_text_only=False).save(thr_path)
+    out = tmp_path / "out"
+    config = BuildConfig(
+        tokenizer=tiny_tokenizer, max_tokens=4096, overlap=64,
+        parse=ParseConfig(backend="pymupdf"),
+        visual_gain=VisualGainSlot(VisualGainConfig(model=vlm, local_files_only=True), str(thr_path),
+                                   export_dir=str(out / "visual_gain")),
+    )
+    manifest = run([str(corpus)], str(out), config, ["--direct_running_mode=in_memory", "--direct_num_workers=1"],
+                   progress=False)
+    rows = _shard_rows(out)
+    assert rows
+    scored_pages = 0
+    for r in rows:
+        for page in r["pages"]:
+            vg = json.loads(page["scores"])["visual_gain"]
+            assert vg["kept"] is True and vg["delta_h_nats"] >= -10.0 and vg["n_images"] >= 1
+            scored_pages += 1
+    assert manifest["visual_gain"] and all(d["kept"] >= 1 for d in manifest["visual_gain"].values())
+    exported = list(read_scored_pages(out / "visual_gain"))
+    assert len(exported) == manifest["metrics"]["pages_parsed"]
+    assert all("delta_h_nats" in p.scores["visual_gain"] for p in exported)

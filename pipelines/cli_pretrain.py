@@ -1,0 +1,82 @@
+"""``scifolio pretrain``: launch the DeepSpeed pre-training loop (pretrain/train.py) through the deepspeed launcher.
+
+    scifolio pretrain --config debug --shards out/shards --models tiny --max-steps 50
+    scifolio pretrain --config debug --shards out/shards --nproc 2            # world size 2 (CPU: gloo)
+    scifolio pretrain --config small --shards gs://bucket/shards --hostfile infra/deepspeed/hostfile
+
+On a machine without a GPU the ranks run on CPU (``DS_ACCELERATOR=cpu``, gloo). Ranks rendezvous over TCP at
+127.0.0.1 (multi-node: the hostfile's first host); c10d's store listens on every interface, so on a shared host
+run multi-process jobs inside a loopback-only namespace (see infra/deepspeed/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from pretrain.args import build_parser
+
+    p = subparsers.add_parser(
+        "pretrain",
+        help="DeepSpeed pre-training: text loss + contrastive next-patch loss on page renders",
+        description="Launch pretrain.train on N local ranks (or a hostfile's nodes) with the deepspeed launcher.",
+    )
+    build_parser(p)
+    p.add_argument("--nproc", type=int, default=1, help="ranks on this machine (GPUs, or CPU processes)")
+    p.add_argument("--hostfile", default=None, help="DeepSpeed hostfile for multi-node runs (infra/deepspeed/)")
+    p.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free one)")
+    p.add_argument("--dry-run", action="store_true", help="print the launcher command and exit")
+    p.set_defaults(func=run_pretrain)
+
+
+def launcher_command(args: argparse.Namespace) -> list[str]:
+    """``python -m deepspeed.launcher.runner ... --module pretrain.train <args>`` for ``args``."""
+    from pretrain.args import to_argv
+
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner"]
+    if args.hostfile:
+        cmd += ["--hostfile", args.hostfile]
+    else:
+        cmd += ["--num_gpus", str(args.nproc), "--master_addr", "127.0.0.1"]
+    cmd += ["--master_port", str(args.master_port or _free_port()), "--no_local_rank", "--module", "pretrain.train"]
+    return cmd + to_argv(args)
+
+
+def launcher_env() -> dict[str, str]:
+    import torch
+
+    repo = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ)
+    if "DS_ACCELERATOR" not in env and not torch.cuda.is_available():
+        env["DS_ACCELERATOR"] = "cpu"
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(repo) / ".cache" / "torch_extensions"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def run_pretrain(args: argparse.Namespace) -> int:
+    cmd = launcher_command(args)
+    if args.dry_run:
+        print(" ".join(cmd))
+        return 0
+    for sub in ("pretrain-lm", "pretrain-vision"):
+        if args.config == "debug" and not (Path(args.models) / sub).exists():
+            print(
+                f"error: {Path(args.models) / sub} missing; write tiny models with `scifolio models tiny "
+                f"{args.models}`",
+                file=sys.stderr,
+            )
+            return 2
+    return subprocess.run(cmd, env=launcher_env()).returncode
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,209 @@
+"""Pre-training configs: small frozen dataclasses, named runs are functions (torchtitan's config registry).
+
+    from pretrain.config import RECIPES
+    cfg = RECIPES["debug"](shards="out/shards", models="tiny")
+
+The DeepSpeed JSON is generated from ``TrainConfig`` by :func:`deepspeed_config`, so there is one source of truth
+for batch size, accumulation, clipping, ZeRO stage and precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which pretrained pieces to load and the shape of the trainable additions."""
+
+    backbone: str
+    """Hugging Face name or local path of the causal LM Φ (trainable)."""
+    encoder: str
+    """Hugging Face name or local path of the vision tower E_v (frozen: eval mode, no grad, not optimised)."""
+    head_hidden: int = 0
+    """Hidden width of the light head ψ (2-layer MLP); 0 means the backbone's hidden size."""
+    feature_cache: str | None = None
+    """Directory caching E_v features by (image sha256, size); None keeps an in-memory cache only."""
+    memory_cache_items: int = 4096
+    """How many encoded images the in-memory cache keeps (E_v is frozen, so cached features are exact)."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where samples come from and how they are packed."""
+
+    shards: str
+    """Directory (local or fsspec URL) holding ``*.parquet`` shards and optionally ``manifest.json``."""
+    weights: str | None = None
+    """Parquet with ``chunk_id, weight``: a chunk is seen ⌊w⌋ (+1 with prob. frac(w)) times per epoch."""
+    seq_len: int = 256
+    """Tokens per packed row; samples are concatenated and cut, attention never crosses a sample."""
+    micro_batch: int = 2
+    """Packed rows per micro-batch per rank."""
+    pages_per_batch: int = 4
+    """Page renders per micro-batch for the next-patch objective."""
+    page_size: tuple[int, int] = (96, 72)
+    """(height, width) in pixels a page render is resized to before E_v; multiples of the patch size."""
+    crop_size: int = 64
+    """Side in pixels a cropped figure/table/equation is resized to before E_v."""
+    patch: int = 8
+    """E_v's patch size in pixels (checked against the encoder's config at load)."""
+    blank_std: float = 0.02
+    """A patch whose grey-level std (pixels in [0, 1]) is at most this is blank and masked out (Eq 5)."""
+    max_image_tokens: int = 64
+    """Context slots an image occupies here: min(segment n_tokens, this); must be ≤ seq_len."""
+    seed: int = 0
+    """Seeds the per-epoch shuffles and weight sampling; identical on every rank."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (0 = read in the training process)."""
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Eq 9 weights and the InfoNCE temperature."""
+
+    lambda_text: float = 1.0
+    """Weight of the next-token loss L_text."""
+    lambda_vis: float = 1.0
+    """Weight of the contrastive next-patch loss L_VP."""
+    tau: float = 0.07
+    """InfoNCE temperature τ in s_tj = cos(û, u) / τ."""
+    gather: bool = True
+    """Use every rank's targets as negatives (all-gather); off = per-rank InfoNCE."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay to ``min_lr_ratio`` × lr."""
+
+    lr: float = 3e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay (AdamW)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam moments."""
+    warmup_steps: int = 10
+    """Optimizer steps of linear warmup from 0."""
+    decay_steps: int = 1000
+    """Optimizer steps from the end of warmup to the cosine floor."""
+    min_lr_ratio: float = 0.1
+    """Floor of the cosine as a fraction of lr."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (DeepSpeed ``gradient_clipping``); 0 disables."""
+    ds_cpu_adam: bool = False
+    """Use DeepSpeed's fused CPU Adam (JIT-compiled on first use) instead of torch.optim.AdamW."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One run: model, data, objective, optimizer and the engine settings."""
+
+    model: ModelConfig
+    """What to load."""
+    data: DataConfig
+    """What to read."""
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    """Loss weights."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    out_dir: str = "out/pretrain"
+    """Checkpoints (``ckpt/``), metrics (``metrics.jsonl``) and TensorBoard events (``tb/``)."""
+    max_steps: int = 50
+    """Optimizer steps to run in total (a resumed run continues up to this)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    zero_stage: int = 2
+    """ZeRO stage 0–3."""
+    precision: str = "fp32"
+    """"fp32" or "bf16"."""
+    save_every: int = 0
+    """Checkpoint every N optimizer steps (and always at the end); 0 = only at the end."""
+    log_every: int = 1
+    """Print/write metrics every N optimizer steps."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars beside the JSONL."""
+    log_spans: bool = False
+    """Log which (chunk_id, start, end) token spans each step consumed: proof of no repeat/skip on resume."""
+    seed: int = 0
+    """Seeds the trainable additions' init and torch RNG."""
+
+
+def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed JSON for ``cfg`` (the optimizer and scheduler are client objects, built in train.py)."""
+    if cfg.precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
+    if not 0 <= cfg.zero_stage <= 3:
+        raise ValueError(f"zero_stage must be 0..3, got {cfg.zero_stage}")
+    return {
+        "train_micro_batch_size_per_gpu": cfg.data.micro_batch,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "train_batch_size": cfg.data.micro_batch * cfg.grad_accum * world_size,
+        "gradient_clipping": cfg.optim.grad_clip,
+        "bf16": {"enabled": cfg.precision == "bf16"},
+        "zero_optimization": {"stage": cfg.zero_stage},
+        # A client torch.optim.AdamW is a documented, tested path; DeepSpeed only warns about it under ZeRO.
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 10**9,  # we log ourselves; DeepSpeed's own print is noise
+        "wall_clock_breakdown": False,
+    }
+
+
+def debug(shards: str = "out/shards", models: str = "tiny", **overrides: Any) -> TrainConfig:
+    """2 layers, d=64 (the models ``write_tiny_pretrain`` writes): what tests and smoke runs use."""
+    models_dir = Path(models)
+    cfg = TrainConfig(
+        model=ModelConfig(backbone=str(models_dir / "pretrain-lm"), encoder=str(models_dir / "pretrain-vision")),
+        data=DataConfig(shards=shards, seq_len=128, micro_batch=2, pages_per_batch=4),
+        optim=OptimConfig(lr=2e-3, warmup_steps=5, decay_steps=200, weight_decay=0.0),
+        max_steps=50,
+    )
+    return _replace(cfg, overrides)
+
+
+def small(shards: str = "out/shards", models: str = "tiny", **overrides: Any) -> TrainConfig:
+    """A laptop-sized real run: pass real model names/paths through ``backbone=``/``encoder=`` overrides."""
+    cfg = debug(shards, models)
+    cfg = TrainConfig(
+        model=cfg.model,
+        data=DataConfig(
+            shards=shards,
+            seq_len=2048,
+            micro_batch=4,
+            pages_per_batch=8,
+            page_size=(448, 336),
+            crop_size=224,
+            patch=14,
+            max_image_tokens=256,
+        ),
+        optim=OptimConfig(lr=1e-4, warmup_steps=200, decay_steps=20000),
+        max_steps=20000,
+        grad_accum=8,
+        precision="bf16",
+        save_every=1000,
+    )
+    return _replace(cfg, overrides)
+
+
+RECIPES: dict[str, Callable[..., TrainConfig]] = {"debug": debug, "small": small}
+
+
+def _replace(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    """Apply ``section.field=value`` or top-level ``field=value`` overrides (``data.seq_len=64``)."""
+    from dataclasses import replace
+
+    for key, value in overrides.items():
+        if "." in key:
+            section, name = key.split(".", 1)
+            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **{name: value})})
+        else:
+            cfg = replace(cfg, **{key: value})
+    return cfg
+
+
+def with_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    """Public form of the override rule the CLI uses."""
+    return _replace(cfg, overrides)

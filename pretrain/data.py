@@ -1,0 +1,429 @@
+"""Streaming, packed, resumable batches over the corpus shards (``pipelines/shards.py`` schema).
+
+    loader = ShardLoader(DataConfig(shards="out/shards"), rank=0, world_size=1)
+    batch = next(loader); state = loader.state_dict()      # ... later: loader.load_state_dict(state)
+
+The order is a pure function of (seed, epoch): each epoch permutes the shards, then the rows inside each shard,
+after repeating every row by its sample weight. That global stream is dealt round-robin to the R = world_size ×
+num_workers readers, so every rank computes the same plan without talking to the others. A reader's position is a
+*cursor* — (epoch, index in its stream, token offset inside the sample) for the text pointer and the same for the
+page pointer — attached to every batch it yields. Saving the cursor of the last consumed batch and restarting from
+it continues exactly where training stopped: nothing repeated, nothing skipped.
+
+Packing: a sample's segments flatten to token ids with image slots; rows of ``seq_len`` are filled sample after
+sample (``seq_ids`` numbers the pieces so attention never crosses them); an image is atomic, so one that does not
+fit in the rest of a row moves to the next row. Page renders feed the next-patch objective as their own stream.
+
+Memory: a pointer holds one shard's columns it needs at a time, never the corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pretrain.config import DataConfig
+from pretrain.model import foreground_mask
+from pretrain.objective import IGNORE
+
+TEXT_COLUMNS = ["chunk_id", "segments", "images"]
+PAGE_COLUMNS = ["chunk_id", "page_renders"]
+
+
+# --- the plan: which rows, in which order, for which reader -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """Files and per-row sample weights, read once (cheap columns only)."""
+
+    files: tuple[str, ...]
+    weights: tuple[np.ndarray, ...]  # float64 per row, per file
+
+    @classmethod
+    def open(cls, shards: str, weights_path: str | None = None) -> ShardIndex:
+        import fsspec
+        import pyarrow.parquet as pq
+
+        files = list_shards(shards)
+        overrides: dict[str, float] = {}
+        if weights_path:
+            with fsspec.open(weights_path, "rb") as f:
+                table = pq.read_table(f, columns=["chunk_id", "weight"])
+            overrides = dict(zip(table.column("chunk_id").to_pylist(), table.column("weight").to_pylist()))
+        weights = []
+        for path in files:
+            with fsspec.open(path, "rb") as f:
+                table = pq.read_table(f, columns=["chunk_id", "sample_weight"])
+            ids = table.column("chunk_id").to_pylist()
+            own = table.column("sample_weight").to_pylist()
+            # The weights file (retrieval's export) wins; else the row's own sample_weight; else 1.0.
+            w = np.array([overrides.get(c, 1.0 if o is None else o) for c, o in zip(ids, own)], dtype=np.float64)
+            if (w < 0).any() or not np.isfinite(w).all():
+                raise ValueError(f"{path}: sample weights must be finite and ≥ 0")
+            weights.append(w)
+        return cls(tuple(files), tuple(weights))
+
+    def plan(self, seed: int, epoch: int) -> np.ndarray:
+        """The epoch's global stream as ``[n, 2]`` (file index, row index)."""
+        rng = np.random.default_rng([seed, epoch])
+        parts = []
+        for f in rng.permutation(len(self.files)):
+            w = self.weights[f]
+            # A row is seen ⌊w⌋ times, plus once more with probability frac(w): E[count] = w, deterministic per epoch.
+            counts = np.floor(w).astype(np.int64) + (rng.random(len(w)) < (w - np.floor(w)))
+            rows = np.repeat(np.arange(len(w)), counts)
+            rows = rows[rng.permutation(len(rows))]
+            parts.append(np.stack([np.full(len(rows), f), rows], axis=1))
+        return np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
+
+
+def list_shards(shards: str) -> list[str]:
+    """Shard files of a directory (local or fsspec URL): the manifest's order when present, else sorted glob."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(shards)
+    root = root.rstrip("/")
+    protocol = shards.split("://", 1)[0] + "://" if "://" in shards else ""
+    manifest = f"{root}/manifest.json"
+    if fs.exists(manifest):
+        with fs.open(manifest, "r") as f:
+            data = json.load(f)
+        names = [s["file"] for s in data.get("shards", [])]
+        if names:
+            return [f"{protocol}{root}/{n}" for n in names]
+    found = sorted(p for p in fs.glob(f"{root}/*.parquet"))
+    if not found:
+        raise FileNotFoundError(f"no parquet shards in {shards}")
+    return [f"{protocol}{p}" for p in found]
+
+
+# --- one reader's view --------------------------------------------------------------------------------------------
+
+
+class _Pointer:
+    """Walks one reader's share of the stream across epochs; loads one shard's columns at a time."""
+
+    def __init__(
+        self,
+        index: ShardIndex,
+        seed: int,
+        reader: int,
+        n_readers: int,
+        columns: list[str],
+        state: tuple[int, int, int] = (0, 0, 0),
+    ) -> None:
+        self.index, self.seed, self.reader, self.n_readers, self.columns = index, seed, reader, n_readers, columns
+        self.epoch, self.pos, self.offset = state
+        self._plans: dict[int, np.ndarray] = {}
+        self._table: tuple[int, dict[str, list[Any]]] | None = None
+
+    def state(self) -> tuple[int, int, int]:
+        return (self.epoch, self.pos, self.offset)
+
+    def mine(self, epoch: int) -> np.ndarray:
+        if epoch not in self._plans:
+            self._plans = {epoch: self.index.plan(self.seed, epoch)[self.reader :: self.n_readers]}
+        return self._plans[epoch]
+
+    def current(self) -> dict[str, Any]:
+        """The row under the pointer (advancing past epoch ends)."""
+        plan = self.mine(self.epoch)
+        if len(plan) == 0:
+            raise RuntimeError(
+                f"reader {self.reader}/{self.n_readers} has no samples in epoch {self.epoch}: "
+                "fewer (weighted) samples than ranks × workers"
+            )
+        while self.pos >= len(plan):
+            self.epoch, self.pos, self.offset = self.epoch + 1, 0, 0
+            plan = self.mine(self.epoch)
+        f, r = (int(v) for v in plan[self.pos])
+        if self._table is None or self._table[0] != f:
+            import fsspec
+            import pyarrow.parquet as pq
+
+            with fsspec.open(self.index.files[f], "rb") as fh:
+                table = pq.read_table(fh, columns=self.columns)
+            self._table = (f, {c: table.column(c).to_pylist() for c in self.columns})
+        return {c: v[r] for c, v in self._table[1].items()}
+
+    def advance(self) -> None:
+        self.pos, self.offset = self.pos + 1, 0
+
+
+@dataclass
+class _Sample:
+    chunk_id: str
+    tokens: np.ndarray  # int64, -1 marks an image slot
+    images: list[tuple[int, int, bytes, str]]  # (start, length, png, sha256)
+
+
+def flatten(row: dict[str, Any], max_image_tokens: int) -> _Sample:
+    """Segments → one token array with image slots (``-1``); an image takes min(n_tokens, max_image_tokens) slots."""
+    pngs = {im["sha256"]: im["png"] for im in row.get("images") or ()}
+    pieces, images, at = [], [], 0
+    for seg in row["segments"]:
+        if seg["kind"] == "image":
+            sha = seg["image_sha256"]
+            if sha not in pngs:
+                raise ValueError(f"{row['chunk_id']}: image segment {sha} has no bytes in the row's images")
+            n = max(1, min(int(seg["n_tokens"]), max_image_tokens))
+            images.append((at, n, pngs[sha], sha))
+            pieces.append(np.full(n, -1, dtype=np.int64))
+            at += n
+        else:
+            ids = np.asarray(seg["token_ids"] or (), dtype=np.int64)
+            pieces.append(ids)
+            at += len(ids)
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    return _Sample(row["chunk_id"], tokens, images)
+
+
+def load_pixels(png: bytes, size: tuple[int, int]) -> torch.Tensor:
+    """PNG → ``[3, H, W]`` float in [0, 1], resized to ``size`` = (H, W)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as im:
+        rgb = im.convert("RGB").resize((size[1], size[0]), Image.BILINEAR)
+        arr = np.asarray(rgb, dtype=np.float32) / 255.0
+    return torch.from_numpy(arr).permute(2, 0, 1).contiguous()
+
+
+class Packer:
+    """One reader: yields packed micro-batches forever, each carrying the cursor after it."""
+
+    def __init__(
+        self, cfg: DataConfig, index: ShardIndex, reader: int, n_readers: int, cursor: dict[str, Any] | None = None
+    ) -> None:
+        if cfg.max_image_tokens > cfg.seq_len:
+            raise ValueError("max_image_tokens must be ≤ seq_len (an image is never split across rows)")
+        self.cfg, self.reader = cfg, reader
+        cursor = cursor or {}
+        self.text = _Pointer(index, cfg.seed, reader, n_readers, TEXT_COLUMNS, tuple(cursor.get("text", (0, 0, 0))))
+        self.pages = _Pointer(index, cfg.seed, reader, n_readers, PAGE_COLUMNS, tuple(cursor.get("pages", (0, 0, 0))))
+        self._sample: tuple[tuple[int, int], _Sample] | None = None
+
+    def cursor(self) -> dict[str, Any]:
+        return {"reader": self.reader, "text": list(self.text.state()), "pages": list(self.pages.state())}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while True:
+            yield self.next_batch()
+
+    def next_batch(self) -> dict[str, Any]:
+        b, t = self.cfg.micro_batch, self.cfg.seq_len
+        input_ids = np.zeros((b, t), dtype=np.int64)
+        labels = np.full((b, t), IGNORE, dtype=np.int64)
+        positions = np.zeros((b, t), dtype=np.int64)
+        seq_ids = np.zeros((b, t), dtype=np.int64)
+        slots, crops, crop_keys, spans, finished = [], [], [], [], 0
+        for row in range(b):
+            fill, piece = 0, 0
+            while fill < t:
+                sample = self._current_sample()
+                o = self.text.offset
+                take = min(t - fill, len(sample.tokens) - o)
+                for start, n, _png, _sha in sample.images:  # never cut an image: stop before it
+                    if start < o + take < start + n:
+                        take = start - o
+                if take <= 0 and len(sample.tokens) > o:
+                    break  # the next image does not fit in what is left of this row
+                piece += 1
+                ids = sample.tokens[o : o + take]
+                input_ids[row, fill : fill + take] = np.where(ids >= 0, ids, 0)
+                positions[row, fill : fill + take] = np.arange(take)
+                seq_ids[row, fill : fill + take] = piece
+                # label[t] = the next token, when it is text and inside this piece (image slots are never targets)
+                nxt = ids[1:]
+                labels[row, fill : fill + take - 1] = np.where(nxt >= 0, nxt, IGNORE)
+                for start, n, png, sha in sample.images:
+                    if o <= start < o + take:
+                        slots.append((row, fill + start - o, n))
+                        crops.append(load_pixels(png, (self.cfg.crop_size, self.cfg.crop_size)))
+                        crop_keys.append(sha)
+                spans.append((sample.chunk_id, self.text.epoch, o, o + take))
+                fill += take
+                self.text.offset = o + take
+                if self.text.offset >= len(sample.tokens):
+                    self.text.advance()
+                    finished += 1
+        page_pixels, page_mask, page_keys = self._pages()
+        size = self.cfg.crop_size
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(positions),
+            "seq_ids": torch.from_numpy(seq_ids),
+            "image_pixels": torch.stack(crops) if crops else torch.zeros(0, 3, size, size),
+            "image_slots": torch.tensor(slots, dtype=torch.long).reshape(-1, 3),
+            "image_keys": crop_keys,
+            "page_pixels": page_pixels,
+            "page_mask": page_mask,
+            "page_keys": page_keys,
+            "spans": spans,
+            "samples_finished": finished,
+            "cursor": self.cursor(),
+        }
+
+    def _current_sample(self) -> _Sample:
+        key = (self.text.epoch, self.text.pos)
+        while True:
+            row = self.text.current()
+            key = (self.text.epoch, self.text.pos)
+            if self._sample is None or self._sample[0] != key:
+                self._sample = (key, flatten(row, self.cfg.max_image_tokens))
+            if len(self._sample[1].tokens) > self.text.offset:
+                return self._sample[1]
+            self.text.advance()  # an empty sample: nothing to pack
+
+    def _pages(self) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        """Up to ``pages_per_batch`` renders with ≥ 2 foreground patches (fewer predict nothing; skipped)."""
+        h, w = self.cfg.page_size
+        n = (h // self.cfg.patch) * (w // self.cfg.patch)
+        pixels, masks, keys = [], [], []
+        scanned_without_pages = 0
+        while len(pixels) < self.cfg.pages_per_batch:
+            row = self.pages.current()
+            renders = row.get("page_renders") or []
+            if self.pages.offset >= len(renders):
+                self.pages.advance()
+                scanned_without_pages += 1
+                if scanned_without_pages > 2 * max(1, len(self.pages.mine(self.pages.epoch))) + 1:
+                    raise RuntimeError(
+                        "the shards carry no usable page renders: build with "
+                        "`scifolio build --page-renders` or set pages_per_batch=0 / lambda_vis=0"
+                    )
+                continue
+            render = renders[self.pages.offset]
+            self.pages.offset += 1
+            px = load_pixels(render["png"], (h, w))
+            mask = foreground_mask(px, self.cfg.patch, self.cfg.blank_std)
+            if int(mask.sum()) < 2:
+                continue
+            scanned_without_pages = 0
+            pixels.append(px)
+            masks.append(mask)
+            keys.append(hashlib.sha256(render["png"]).hexdigest())
+        if not pixels:
+            return torch.zeros(0, 3, h, w), torch.zeros(0, n, dtype=torch.bool), []
+        return torch.stack(pixels), torch.stack(masks), keys
+
+
+# --- per-rank loader with DataLoader workers -----------------------------------------------------------------------
+
+
+class _Readers(torch.utils.data.IterableDataset):
+    """Each DataLoader worker is one reader. ``rotate`` keeps the round-robin order across a resume."""
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        index: ShardIndex,
+        rank: int,
+        world_size: int,
+        cursors: dict[int, dict[str, Any]],
+        rotate: int,
+    ) -> None:
+        self.cfg, self.index, self.rank, self.world_size = cfg, index, rank, world_size
+        self.cursors, self.rotate = cursors, rotate
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = torch.utils.data.get_worker_info()
+        nw = max(1, self.cfg.num_workers)
+        local = ((info.id if info else 0) + self.rotate) % nw
+        reader = self.rank * nw + local
+        packer = Packer(self.cfg, self.index, reader, self.world_size * nw, self.cursors.get(reader))
+        return iter(packer)
+
+
+class ShardLoader:
+    """This rank's micro-batches; ``state_dict()`` is the cursor of every reader after the last batch taken."""
+
+    def __init__(self, cfg: DataConfig, rank: int = 0, world_size: int = 1, index: ShardIndex | None = None) -> None:
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.index = index or ShardIndex.open(cfg.shards, cfg.weights)
+        self.cursors: dict[int, dict[str, Any]] = {}
+        self.batches = 0
+        self._it: Iterator[dict[str, Any]] | None = None
+
+    def __iter__(self) -> ShardLoader:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._it is None:
+            self._it = self._start()
+        batch = next(self._it)
+        self.cursors[batch["cursor"]["reader"]] = batch["cursor"]
+        self.batches += 1
+        return batch
+
+    def _start(self) -> Iterator[dict[str, Any]]:
+        nw = max(1, self.cfg.num_workers)
+        dataset = _Readers(self.cfg, self.index, self.rank, self.world_size, dict(self.cursors), self.batches % nw)
+        if self.cfg.num_workers == 0:
+            return iter(dataset)
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=None, num_workers=self.cfg.num_workers, in_order=True, persistent_workers=False
+        )
+        return iter(loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "cursors": {str(k): v for k, v in self.cursors.items()},
+            "batches": self.batches,
+            "num_workers": self.cfg.num_workers,
+            "world_size": self.world_size,
+            "seed": self.cfg.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("num_workers", "world_size", "seed"):
+            mine = {"num_workers": self.cfg.num_workers, "world_size": self.world_size, "seed": self.cfg.seed}[key]
+            if state[key] != mine:
+                raise ValueError(
+                    f"data cursor was saved with {key}={state[key]}, this run has {mine}: "
+                    "the reader partition would differ, so resuming could repeat or skip samples"
+                )
+        self.cursors = {int(k): v for k, v in state["cursors"].items()}
+        self.batches = int(state["batches"])
+        self._it = None
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a batch the model's forward takes (spans, cursor and counters are bookkeeping)."""
+    keys = (
+        "input_ids",
+        "labels",
+        "position_ids",
+        "seq_ids",
+        "image_pixels",
+        "image_slots",
+        "page_pixels",
+        "page_mask",
+        "image_keys",
+        "page_keys",
+    )
+    return {k: batch[k] for k in keys}
+
+
+def n_text_tokens(batch: dict[str, Any]) -> int:
+    return int((batch["seq_ids"] > 0).sum())
+
+
+__all__ = [
+    "ShardIndex",
+    "ShardLoader",
+    "Packer",
+    "flatten",
+    "list_shards",
+    "load_pixels",
+    "model_inputs",
+    "n_text_tokens",
+]

@@ -1,0 +1,278 @@
+"""The visual pre-training model (SPEC §B, Eq 5–6), top-down: frozen E_v → mask → raster → W_in → Φ → ψ.
+
+    model = VisualPretrainModel.load(ModelConfig(backbone="tiny/pretrain-lm", encoder="tiny/pretrain-vision"))
+    out = model(**batch_tensors)      # {"loss", "l_text", "l_vp", "vp_acc", ...}
+
+Φ is any Hugging Face causal LM (trainable); E_v any Hugging Face vision tower returning patch features
+(frozen: eval mode, ``requires_grad=False``, outside the optimizer and checkpoint deltas). Text rows and page rows
+run through Φ as two forwards; attention never crosses a packed sample (4-D block-causal masks).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pretrain.config import ModelConfig, ObjectiveConfig
+from pretrain.objective import info_nce, text_loss, total_loss
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+# --- Eq 5: foreground mask and raster order (pure) ---------------------------------------------------------------
+
+
+def foreground_mask(pixels: torch.Tensor, patch: int, blank_std: float) -> torch.Tensor:
+    """Which patches of a page carry ink: ``[3|1, H, W]`` pixels in [0, 1] → ``[(H/p)·(W/p)]`` bool, raster order.
+
+    A blank patch has near-uniform intensity: its grey-level standard deviation is ≤ ``blank_std``. Judged on the
+    pixels E_v sees (after resizing), so the mask lines up with E_v's patch grid one to one.
+    """
+    grey = pixels.float().mean(dim=0) if pixels.dim() == 3 else pixels.float()
+    h, w = grey.shape
+    if h % patch or w % patch:
+        raise ValueError(f"page {h}x{w} is not a multiple of patch {patch}")
+    # [h/p, p, w/p, p] → [h/p, w/p, p*p]: row-major over the grid = left→right, top→bottom.
+    tiles = grey.reshape(h // patch, patch, w // patch, patch).permute(0, 2, 1, 3).reshape(-1, patch * patch)
+    return tiles.std(dim=1, unbiased=False) > blank_std
+
+
+def raster(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """u = raster(z[m]): keep masked patches in their row-major order. ``[N, D]``, ``[N]`` → ``[n_kept, D]``."""
+    return features[mask]
+
+
+def attention_cost(n_kept: int, n_total: int) -> float:
+    """Relative self-attention cost after masking: (kept / total)²."""
+    return (n_kept / n_total) ** 2
+
+
+# --- the model ---------------------------------------------------------------------------------------------------
+
+
+class VisualPretrainModel(nn.Module):
+    """Backbone Φ + frozen encoder E_v + W_in (E_v → Φ inputs) + ψ (Φ hidden → E_v space)."""
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        encoder: nn.Module,
+        cfg: ModelConfig,
+        objective: ObjectiveConfig,
+        pixel_mean: tuple[float, ...] = CLIP_MEAN,
+        pixel_std: tuple[float, ...] = CLIP_STD,
+    ) -> None:
+        super().__init__()
+        self.cfg, self.objective = cfg, objective
+        self.backbone = backbone
+        self.encoder = encoder.eval()
+        self.encoder.requires_grad_(False)
+        d_model = backbone.config.hidden_size
+        d_vis = encoder.config.hidden_size
+        hidden = cfg.head_hidden or d_model
+        self.w_in = nn.Linear(d_vis, d_model)
+        self.psi = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_vis))
+        self.register_buffer("pixel_mean", torch.tensor(pixel_mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(pixel_std).view(1, 3, 1, 1), persistent=False)
+        self.vocab_size = backbone.get_input_embeddings().num_embeddings
+        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    @classmethod
+    def load(
+        cls, cfg: ModelConfig, objective: ObjectiveConfig | None = None, patch: int | None = None, seed: int = 0
+    ) -> VisualPretrainModel:
+        """Load Φ and E_v with ``from_pretrained`` (names or paths); W_in and ψ are fresh, seeded by ``seed``."""
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        backbone = AutoModelForCausalLM.from_pretrained(cfg.backbone, dtype=torch.float32)
+        enc_cfg = AutoConfig.from_pretrained(cfg.encoder)
+        # Multimodal checkpoints (CLIP, SigLIP) hold the tower under vision_config; load just that tower.
+        if hasattr(enc_cfg, "vision_config") and not hasattr(enc_cfg, "patch_size"):
+            from transformers import CLIPVisionModel, SiglipVisionModel
+
+            tower = SiglipVisionModel if "siglip" in enc_cfg.model_type else CLIPVisionModel
+            encoder = tower.from_pretrained(cfg.encoder, dtype=torch.float32)
+        else:
+            encoder = AutoModel.from_pretrained(cfg.encoder, dtype=torch.float32)
+        enc_patch = getattr(encoder.config, "patch_size", None)
+        if patch is not None and enc_patch is not None and enc_patch != patch:
+            raise ValueError(f"data.patch={patch} but encoder {cfg.encoder} uses patch_size={enc_patch}")
+        mean, std = _pixel_stats(cfg.encoder)
+        torch.manual_seed(seed)
+        return cls(backbone, encoder, cfg, objective or ObjectiveConfig(), mean, std)
+
+    def train(self, mode: bool = True) -> VisualPretrainModel:
+        super().train(mode)
+        self.encoder.eval()  # frozen E_v never switches to train mode (dropout, norms stay fixed)
+        return self
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    # --- E_v with its exact cache ---
+
+    @torch.no_grad()
+    def encode(self, pixels: torch.Tensor, keys: list[str] | None = None) -> torch.Tensor:
+        """Patch features ``[n, N, D_v]`` of images in [0, 1] (``[n, 3, H, W]``), no grad; cached by key if given."""
+        if pixels.shape[0] == 0:
+            return pixels.new_zeros(0, 0, self.encoder.config.hidden_size)
+        if keys is None:
+            return self._encode(pixels)
+        shape = "x".join(map(str, pixels.shape[-2:]))
+        full = [f"{k}@{shape}" for k in keys]
+        missing = [i for i, k in enumerate(full) if self._cache_get(k) is None]
+        if missing:
+            feats = self._encode(pixels[missing])
+            for i, f in zip(missing, feats):
+                self._cache_put(full[i], f)
+        return torch.stack([self._cache_get(k) for k in full]).to(pixels.device)
+
+    def _encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = (pixels.float() - self.pixel_mean) / self.pixel_std
+        x = x.to(next(self.encoder.parameters()).dtype)  # bf16 engines cast the tower too
+        kwargs = {"interpolate_pos_encoding": True} if _accepts(self.encoder, "interpolate_pos_encoding") else {}
+        hidden = self.encoder(pixel_values=x, **kwargs).last_hidden_state
+        patch = self.encoder.config.patch_size
+        n = (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch)
+        if hidden.shape[1] == n + 1:  # CLIP prepends a class token; the patch grid is the rest
+            hidden = hidden[:, 1:]
+        if hidden.shape[1] != n:
+            raise ValueError(f"encoder returned {hidden.shape[1]} tokens for a {n}-patch grid")
+        return hidden
+
+    def _cache_get(self, key: str) -> torch.Tensor | None:
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        if self.cfg.feature_cache:
+            path = Path(self.cfg.feature_cache) / f"{key.replace('@', '_')}.pt"
+            if path.exists():
+                feat = torch.load(path, map_location="cpu")
+                self._cache_put(key, feat, write=False)
+                return feat
+        return None
+
+    def _cache_put(self, key: str, feat: torch.Tensor, write: bool = True) -> None:
+        self._cache[key] = feat.detach().cpu()
+        while len(self._cache) > self.cfg.memory_cache_items:
+            self._cache.popitem(last=False)
+        if write and self.cfg.feature_cache:
+            path = Path(self.cfg.feature_cache) / f"{key.replace('@', '_')}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            torch.save(feat.detach().cpu().clone(), tmp)
+            tmp.replace(path)
+
+    # --- forward ---
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: torch.Tensor,
+        seq_ids: torch.Tensor,
+        image_pixels: torch.Tensor,
+        image_slots: torch.Tensor,
+        page_pixels: torch.Tensor,
+        page_mask: torch.Tensor,
+        image_keys: list[str] | None = None,
+        page_keys: list[str] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Eq 9 on one micro-batch: text rows with images at their slots, then page rows for next-patch."""
+        l_text = self.text_forward(input_ids, labels, position_ids, seq_ids, image_pixels, image_slots, image_keys)
+        l_vp, acc, m = self.visual_forward(page_pixels, page_mask, page_keys)
+        loss = total_loss(l_text, l_vp, self.objective.lambda_text, self.objective.lambda_vis)
+        return {"loss": loss, "l_text": l_text.detach(), "l_vp": l_vp.detach(), "vp_acc": acc, "vp_positions": m}
+
+    def text_forward(self, input_ids, labels, position_ids, seq_ids, image_pixels, image_slots, image_keys=None):
+        """L_text over packed rows; image slots take W_in(E_v(crop)) resampled to the slot count."""
+        if int(input_ids.max()) >= self.vocab_size:
+            raise ValueError(
+                f"token id {int(input_ids.max())} ≥ backbone vocab {self.vocab_size}: "
+                "the shards were tokenised with a different tokenizer than the backbone's"
+            )
+        embeds = self.backbone.get_input_embeddings()(input_ids)
+        if image_slots.shape[0]:
+            feats = self.encode(image_pixels, image_keys)  # [K, N, D_v]
+            for k, (row, start, length) in enumerate(image_slots.tolist()):
+                # The corpus budgets n_tokens per image; E_v gives N patches: resample the sequence to the budget.
+                f = F.adaptive_avg_pool1d(feats[k].T.unsqueeze(0), length)[0].T
+                embeds[row, start : start + length] = self.w_in(f.to(embeds.dtype))
+        hidden = self._backbone_hidden(embeds, block_causal_mask(seq_ids), position_ids)
+        logits = self.backbone.get_output_embeddings()(hidden)
+        return text_loss(logits, labels)
+
+    def visual_forward(self, page_pixels: torch.Tensor, page_mask: torch.Tensor, page_keys: list[str] | None = None):
+        """L_VP: û_{t+1} = ψ(Φ(W_in u_{≤t})_t) against u_{t+1}, over all M positions of the batch (Eq 6–8)."""
+        device = self.w_in.weight.device
+        if page_pixels.shape[0] == 0:
+            zero = self.w_in.weight.sum() * 0.0 + self.psi[0].weight.sum() * 0.0
+            loss, acc = info_nce(
+                torch.zeros(0, 1, device=device),
+                torch.zeros(0, 1, device=device),
+                self.objective.tau,
+                self.objective.gather,
+            )
+            return zero + loss, acc, torch.tensor(0)
+        z = self.encode(page_pixels, page_keys)  # [P, N, D_v]
+        seqs = [raster(z[p], page_mask[p]) for p in range(z.shape[0])]
+        lengths = torch.tensor([s.shape[0] for s in seqs])
+        longest = int(lengths.max())
+        u = z.new_zeros(len(seqs), longest, z.shape[-1])
+        for p, s in enumerate(seqs):
+            u[p, : s.shape[0]] = s
+        valid = torch.arange(longest)[None, :] < lengths[:, None]  # [P, L]
+        seq_ids = valid.long()  # one sample per row; 0 marks padding
+        pos = torch.arange(longest).expand(len(seqs), -1)
+        hidden = self._backbone_hidden(self.w_in(u.to(self.w_in.weight.dtype)), block_causal_mask(seq_ids), pos)
+        # Position t predicts patch t+1: both must be real patches of the page.
+        has_next = valid[:, 1:]
+        pred = self.psi(hidden[:, :-1][has_next])
+        target = u[:, 1:][has_next]
+        loss, acc = info_nce(pred, target, self.objective.tau, self.objective.gather)
+        return loss, acc, torch.tensor(int(has_next.sum()))
+
+    def _backbone_hidden(self, embeds: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        decoder = self.backbone.get_decoder()
+        out = decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids, use_cache=False)
+        return out.last_hidden_state
+
+
+def block_causal_mask(seq_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` sample ids (0 = padding) → ``[B, 1, T, T]`` bool, True = may attend.
+
+    Causal within a sample, nothing across samples. Padding attends to itself only so no softmax row is empty.
+    """
+    t = seq_ids.shape[1]
+    causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=seq_ids.device))
+    same = seq_ids[:, :, None] == seq_ids[:, None, :]
+    real = (seq_ids > 0)[:, :, None]
+    eye = torch.eye(t, dtype=torch.bool, device=seq_ids.device)
+    return ((causal & same & real) | eye)[:, None]
+
+
+def _accepts(module: nn.Module, name: str) -> bool:
+    import inspect
+
+    return name in inspect.signature(module.forward).parameters
+
+
+def _pixel_stats(path: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """image_mean/std from a local ``preprocessor_config.json`` when present, else CLIP's."""
+    cfg_path = Path(path) / "preprocessor_config.json"
+    if cfg_path.exists():
+        pre = json.loads(cfg_path.read_text())
+        return tuple(pre.get("image_mean", CLIP_MEAN)), tuple(pre.get("image_std", CLIP_STD))
+    return CLIP_MEAN, CLIP_STD
+
+
+def n_patches(page_size: tuple[int, int], patch: int) -> int:
+    return math.prod(s // patch for s in page_size)

@@ -1,0 +1,223 @@
+"""The pre-training loop: DeepSpeed engine over packed shard batches, L = λ_text·L_text + λ_vis·L_VP.
+
+    scifolio pretrain --config debug --shards out/shards --models tiny --max-steps 50      # via the deepspeed launcher
+    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 --no_local_rank --module pretrain.train --config debug --shards DIR
+    python -m pretrain.train --config debug --shards DIR        # one process; sets RANK/WORLD_SIZE/... itself
+
+Checkpoints go through ``engine.save_checkpoint`` without the frozen encoder; ``client_state`` carries the step,
+every rank's data cursor and RNG states, so ``--resume`` continues the exact sample stream and loss curve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pretrain.args import build_parser, config_from_args
+from pretrain.config import OptimConfig, TrainConfig, deepspeed_config
+from pretrain.data import ShardLoader, model_inputs, n_text_tokens
+from pretrain.model import VisualPretrainModel
+from pretrain.objective import warmup_cosine
+
+
+def train(cfg: TrainConfig, resume: bool = False) -> list[dict[str, Any]]:
+    """Run to ``cfg.max_steps`` optimizer steps; returns the metrics records (rank 0 writes them too)."""
+    prepare_env()
+    import deepspeed
+    import torch.distributed as dist
+
+    rank, world = init_distributed()
+    model = VisualPretrainModel.load(cfg.model, cfg.objective, patch=cfg.data.patch, seed=cfg.seed)
+    params = model.trainable_parameters()  # E_v is frozen: never handed to the optimizer
+    optimizer = make_optimizer(params, cfg.optim)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: warmup_cosine(s, cfg.optim.warmup_steps, cfg.optim.decay_steps, cfg.optim.min_lr_ratio)
+    )
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=params,
+        optimizer=optimizer,
+        lr_scheduler=schedule,
+        config=deepspeed_config(cfg, world),
+    )
+    loader = ShardLoader(cfg.data, rank, world)
+    ckpt_dir = Path(cfg.out_dir) / "ckpt"
+    step = 0
+    if resume and (ckpt_dir / "latest").exists():
+        _, client = engine.load_checkpoint(str(ckpt_dir), load_module_strict=False)
+        step = int(client["step"])
+        loader.load_state_dict(client["data"][rank])
+        set_rng_state(client["rng"][rank])
+    log = MetricsLogger(cfg, rank)
+
+    while step < cfg.max_steps:
+        started, sums, tokens, samples, spans = time.perf_counter(), torch.zeros(4), 0, 0, []
+        for _ in range(cfg.grad_accum):
+            batch = next(loader)
+            out = engine(**model_inputs(batch))
+            engine.backward(out["loss"])
+            engine.step()  # DeepSpeed only updates (and steps the schedule) at the accumulation boundary
+            sums += (
+                torch.stack(
+                    [out["loss"].detach().float(), out["l_text"].float(), out["l_vp"].float(), out["vp_acc"].float()]
+                )
+                / cfg.grad_accum
+            )
+            tokens, samples = tokens + n_text_tokens(batch), samples + batch["samples_finished"]
+            spans += batch["spans"]
+        step += 1
+        counts = torch.tensor([tokens, samples], dtype=torch.float64)
+        dist.all_reduce(sums)
+        dist.all_reduce(counts)
+        elapsed = time.perf_counter() - started
+        record = {
+            "step": step,
+            "loss": sums[0].item() / world,
+            "l_text": sums[1].item() / world,
+            "l_vp": sums[2].item() / world,
+            "vp_acc": sums[3].item() / world,
+            "lr": engine.get_lr()[0],
+            "grad_norm": _float(engine.get_global_grad_norm()),
+            "tokens_per_s": counts[0].item() / elapsed,
+            "samples_per_s": counts[1].item() / elapsed,
+        }
+        if cfg.log_spans:
+            record["spans"], record["cursor"] = spans, loader.state_dict()
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            log.write(record)
+        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:
+            client = {
+                "step": step,
+                "data": all_gather_object(loader.state_dict()),
+                "rng": all_gather_object(get_rng_state()),
+            }
+            engine.save_checkpoint(
+                str(ckpt_dir), tag=f"step{step}", client_state=client, exclude_frozen_parameters=True
+            )
+    log.close()
+    return log.records
+
+
+def make_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
+    if cfg.ds_cpu_adam:  # fused C++ Adam; JIT-compiled on first use (~2 min on 2 cores)
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, adamw_mode=True)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the launcher's process group, or make a bare ``python`` run a world of one.
+
+    A world of one rendezvouses through a file, not a TCP store: c10d's TCPStore listens on every interface, and a
+    single process has no reason to open a port at all. Gloo's own sockets stay on loopback unless told otherwise.
+    """
+    prepare_env()
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    from deepspeed.accelerator import get_accelerator
+
+    backend = "gloo" if get_accelerator().device_name() == "cpu" else get_accelerator().communication_backend_name()
+    if "RANK" in os.environ:  # started by deepspeed / torchrun: env:// rendezvous at MASTER_ADDR:MASTER_PORT
+        deepspeed.init_distributed(dist_backend=backend)
+    else:
+        import tempfile
+
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        store = tempfile.NamedTemporaryFile(prefix="scifolio-dist-", delete=False).name
+        deepspeed.init_distributed(
+            dist_backend=backend, init_method=f"file://{store}", rank=0, world_size=1, auto_mpi_discovery=False
+        )
+    return dist.get_rank(), dist.get_world_size()
+
+
+def prepare_env() -> None:
+    """DeepSpeed reads these at import: CPU accelerator when no GPU, JIT ops built inside the project's cache."""
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[1] / ".cache/torch_extensions"))
+
+
+def get_rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+class MetricsLogger:
+    """stdout + ``metrics.jsonl`` (appended across resumes) + TensorBoard, on rank 0 only."""
+
+    def __init__(self, cfg: TrainConfig, rank: int) -> None:
+        self.rank, self.records = rank, []
+        self._jsonl = self._tb = None
+        if rank == 0:
+            Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(Path(cfg.out_dir) / "metrics.jsonl", "a")
+            if cfg.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(Path(cfg.out_dir) / "tb"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if self.rank != 0:
+            return
+        print(
+            " ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in record.items()
+                if k not in ("spans", "cursor")
+            ),
+            flush=True,
+        )
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            for k, v in record.items():
+                if isinstance(v, float):
+                    self._tb.add_scalar(f"train/{k}", v, record["step"])
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _float(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    prepare_env()
+    train(config_from_args(args), resume=args.resume)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

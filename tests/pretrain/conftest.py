@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.pretrain.fixtures import write_corpus
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pretrain.tiny import write_tiny_pretrain
+
+    out = tmp_path_factory.mktemp("tiny")
+    write_tiny_pretrain(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> Path:
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(tiny_models / "pretrain-lm"))
+    return write_corpus(tmp_path_factory.mktemp("shards"), n_docs=24, n_shards=2, vocab=vocab)

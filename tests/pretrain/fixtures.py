@@ -1,0 +1,94 @@
+"""Synthetic corpus shards for the pre-training tests, written with the real shard writer.
+
+Token ids follow a learnable rule (each sample counts up from a random start with a random stride), so a
+working trainer must make the text loss fall. Page renders are drawn with PIL: text-like dark lines on white,
+plus blank pages that the foreground mask must remove entirely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from pipelines.shards import ChunkRow, Segment, write_shard
+
+
+def png_bytes(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def text_page(rng: np.random.Generator, width: int = 144, height: int = 192) -> Image.Image:
+    """A white page with a column of dark 'text lines' of varying length."""
+    img = Image.new("L", (width, height), 255)
+    draw = ImageDraw.Draw(img)
+    y = 12
+    while y < height - 16:
+        x1 = int(rng.integers(width // 2, width - 10))
+        draw.rectangle([10, y, x1, y + 4], fill=int(rng.integers(0, 60)))
+        y += 10
+    return img.convert("RGB")
+
+
+def blank_page(width: int = 144, height: int = 192) -> Image.Image:
+    return Image.new("RGB", (width, height), (255, 255, 255))
+
+
+def figure(rng: np.random.Generator, size: int = 48) -> Image.Image:
+    arr = (rng.random((size, size, 3)) * 255).astype(np.uint8)
+    return Image.fromarray(arr)
+
+
+def make_rows(
+    n_docs: int, vocab: int, seed: int = 0, tokens: tuple[int, int] = (60, 200), pages: bool = True
+) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in range(n_docs):
+        doc_id = hashlib.sha256(f"doc{seed}-{d}".encode()).hexdigest()
+        n = int(rng.integers(*tokens))
+        start, stride = int(rng.integers(3, vocab)), int(rng.integers(1, 4))
+        ids = [3 + (start + i * stride) % (vocab - 3) for i in range(n)]
+        cut = n // 2
+        fig = png_bytes(figure(rng))
+        sha = hashlib.sha256(fig).hexdigest()
+        segments = (
+            Segment(kind="text", n_tokens=cut, page_index=0, token_ids=tuple(ids[:cut])),
+            Segment(kind="image", n_tokens=int(rng.integers(4, 20)), page_index=0, image_sha256=sha),
+            Segment(kind="text", n_tokens=n - cut, page_index=1, token_ids=tuple(ids[cut:])),
+        )
+        renders = []
+        if pages:
+            for p in range(2):
+                img = blank_page() if (d + p) % 5 == 4 else text_page(rng)
+                renders.append(
+                    {"page_index": p, "png": png_bytes(img), "width": img.width, "height": img.height, "dpi": 72}
+                )
+        row = ChunkRow(
+            doc_id=doc_id,
+            chunk_index=0,
+            segments=segments,
+            images=({"sha256": sha, "png": fig, "width": 48, "height": 48, "kind": "figure"},),
+            page_renders=tuple(renders),
+        )
+        rows.append(row.to_row())
+    return rows
+
+
+def write_corpus(
+    out: Path, n_docs: int = 24, n_shards: int = 2, vocab: int = 1024, seed: int = 0, pages: bool = True
+) -> Path:
+    """``n_shards`` parquet shards plus a manifest, as the corpus job lays them out."""
+    rows = make_rows(n_docs, vocab, seed, pages=pages)
+    entries = []
+    for s in range(n_shards):
+        part = rows[s::n_shards]
+        entries.append(write_shard(out / f"shard-{s:05d}-of-{n_shards:05d}.parquet", part, row_group_size=8))
+    (out / "manifest.json").write_text(json.dumps({"shards": entries}))
+    return out
