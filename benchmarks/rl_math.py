@@ -5,7 +5,15 @@ GEPO (Eq 26), adaptive length regularisation (Eq 14–17), then the detached-IS 
 gradient with respect to log π of every token. The vectorised path runs over the whole batch
 (4,096 groups × 16 responses × 2,048 tokens by default) in chunks of groups, so peak memory stays
 bounded; the Python baseline runs on a subset of groups and is extrapolated linearly (its cost is
-per group). The script first checks both agree on the subset (loss and gradient), then times them.
+per group). Three vectorised paths are timed side by side:
+
+* autograd (old): ``shape`` + ``policy_loss`` + ``backward`` over padded ``[B, G, T]`` chunks;
+* fused padded: ``shape`` + ``policy_loss_and_grad`` (closed-form gradient, in-place buffer) per block;
+* fused packed: ``shape_packed`` + ``packed_policy_loss_and_grad`` on real tokens only (no padding),
+  per block of groups. Packing the padded data is done once, untimed (see ``pack``).
+
+The script first checks every path agrees with the Python baseline on the subset (loss and
+gradient), then times them.
 
     python benchmarks/rl_math.py                      # full size
     python benchmarks/rl_math.py --groups 256         # quicker
@@ -20,8 +28,8 @@ import time
 
 import torch
 
-from posttrain.advantages import GepoConfig, LengthConfig, ShapingConfig, shape
-from posttrain.policy_loss import ClipConfig, policy_loss
+from posttrain.advantages import GepoConfig, LengthConfig, ShapingConfig, shape, shape_packed
+from posttrain.policy_loss import ClipConfig, packed_policy_loss_and_grad, policy_loss, policy_loss_and_grad
 
 GEPO = GepoConfig(h_low=200.0, h_high=1500.0, c_low=0.5, c_high=0.5)
 LENGTH = LengthConfig()
@@ -54,6 +62,57 @@ def vectorised(chunks: list[dict[str, torch.Tensor]], n_tokens: int) -> tuple[fl
         grads.append(logp.grad)
         logp.grad = None
         logp.requires_grad_(False)
+    return total, grads
+
+
+def fused_padded(chunks: list[dict[str, torch.Tensor]], n_tokens: int, block: int) -> tuple[float, list[torch.Tensor]]:
+    """Same inputs as ``vectorised``; closed-form loss + gradient, ``block`` groups at a time."""
+    total = 0.0
+    grads = []
+    cfg = ShapingConfig(gepo=GEPO, length=LENGTH)
+    for c in chunks:
+        grad = torch.empty_like(c["logp"])
+        for s in range(0, c["rewards"].shape[0], block):
+            sl = slice(s, s + block)
+            shaped = shape(c["rewards"][sl], c["beh"][sl], c["mask"][sl], config=cfg)
+            loss, _, _ = policy_loss_and_grad(
+                c["logp"][sl], c["beh"][sl], shaped.advantages, c["mask"][sl], clip=CLIP, n_tokens=n_tokens,
+                grad_out=grad[sl],
+            )
+            total += loss.item()
+        grads.append(grad)
+    return total, grads
+
+
+def pack(c: dict[str, torch.Tensor], block: int) -> list[dict[str, torch.Tensor]]:
+    """Padded chunk -> packed blocks of ``block`` groups (real tokens only + per-response lengths).
+
+    Not timed: it stands for a trainer that keeps rollouts packed (varlen), as the Python baseline's
+    list-of-real-tokens input is not timed either."""
+    out = []
+    for s in range(0, c["rewards"].shape[0], block):
+        m = c["mask"][s : s + block]
+        out.append({
+            "rewards": c["rewards"][s : s + block],
+            "lengths": torch.count_nonzero(m, dim=-1),
+            "logp": c["logp"][s : s + block][m].contiguous(),
+            "beh": c["beh"][s : s + block][m].contiguous(),
+        })
+    return out
+
+
+def fused_packed(blocks: list[dict[str, torch.Tensor]], n_tokens: int) -> tuple[float, list[torch.Tensor]]:
+    """Packed layout: per block, segmented entropy sums + shaping + closed-form loss and gradient."""
+    total = 0.0
+    grads = []
+    cfg = ShapingConfig(gepo=GEPO, length=LENGTH)
+    for c in blocks:
+        shaped = shape_packed(c["rewards"], c["beh"], c["lengths"], config=cfg)
+        loss, grad, _ = packed_policy_loss_and_grad(
+            c["logp"], c["beh"], shaped.advantages, c["lengths"], clip=CLIP, n_tokens=n_tokens
+        )
+        total += loss.item()
+        grads.append(grad)
     return total, grads
 
 
@@ -107,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--responses", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--chunk-groups", type=int, default=128, help="groups per vectorised chunk (memory bound)")
-    ap.add_argument("--baseline-groups", type=int, default=16, help="groups the Python baseline runs on")
+    ap.add_argument("--block-groups", type=int, default=128, help="groups per block of the fused paths (cache)")
+    ap.add_argument("--baseline-groups", type=int, default=32, help="groups the Python baseline runs on")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="vectorised timing: best of N")
     args = ap.parse_args(argv)
@@ -122,46 +182,75 @@ def main(argv: list[str] | None = None) -> int:
         f"{n_tokens / 1e6:.1f}M real tokens, fp32, generated in {time.perf_counter() - t0:.1f}s"
     )
 
-    # Correctness on the baseline subset (first groups of the first chunk).
+    # Correctness on the baseline subset (first groups of the first chunk), for every vectorised path.
     nb = min(args.baseline_groups, chunks[0]["rewards"].shape[0])
     sub = {k: v[:nb].clone() for k, v in chunks[0].items()}
-    sub_loss, sub_grads = vectorised([sub], n_tokens)
     py_inputs = [to_python(chunks[0], gi) for gi in range(nb)]
     t0 = time.perf_counter()
     py_out = [python_group(r, lp, bp, n_tokens) for r, lp, bp in py_inputs]
     py_time = time.perf_counter() - t0
     py_loss = sum(o[0] for o in py_out)
-    max_grad_err, max_grad = 0.0, 0.0
-    for gi, (_, gr, _) in enumerate(py_out):
-        for i, seq in enumerate(gr):
-            if seq:
-                ref = sub_grads[0][gi, i, : len(seq)].double()
-                max_grad_err = max(max_grad_err, (ref - torch.tensor(seq, dtype=torch.float64)).abs().max().item())
-                max_grad = max(max_grad, ref.abs().max().item())
-    rel_loss_err = abs(py_loss - sub_loss) / max(abs(py_loss), 1e-30)
-    rel_grad_err = max_grad_err / max(max_grad, 1e-30)
-    print(f"agreement on {nb} groups: loss rel. err {rel_loss_err:.2e}, gradient max rel. err {rel_grad_err:.2e}")
-    if rel_loss_err > 1e-4 or rel_grad_err > 1e-4:
-        print("MISMATCH between vectorised and Python paths")
-        return 1
 
-    best = float("inf")
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        loss, _ = vectorised(chunks, n_tokens)
-        best = min(best, time.perf_counter() - t0)
-    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    def padded_grad(grads):  # noqa: ANN001, ANN202
+        return lambda gi, i, n: grads[0][gi, i, :n]
+
+    def packed_grad(blocks, grads):  # noqa: ANN001, ANN202
+        flat = torch.cat(grads)
+        offs = torch.cat([blk["lengths"].reshape(-1) for blk in blocks]).cumsum(0).tolist()
+        g = sub["rewards"].shape[1]
+        return lambda gi, i, n: flat[offs[gi * g + i] - n : offs[gi * g + i]]
+
+    sub_blocks = pack(sub, args.block_groups)
+    checks = {
+        "autograd (old)": lambda: (lambda r: (r[0], padded_grad(r[1])))(vectorised([sub], n_tokens)),
+        "fused padded": lambda: (lambda r: (r[0], padded_grad(r[1])))(fused_padded([sub], n_tokens, args.block_groups)),
+        "fused packed": lambda: (lambda r: (r[0], packed_grad(sub_blocks, r[1])))(fused_packed(sub_blocks, n_tokens)),
+    }
+    for name, run in checks.items():
+        sub_loss, grad_of = run()
+        max_grad_err, max_grad = 0.0, 0.0
+        for gi, (_, gr, _) in enumerate(py_out):
+            for i, seq in enumerate(gr):
+                if seq:
+                    ref = grad_of(gi, i, len(seq)).double()
+                    max_grad_err = max(max_grad_err, (ref - torch.tensor(seq, dtype=torch.float64)).abs().max().item())
+                    max_grad = max(max_grad, ref.abs().max().item())
+        rel_loss_err = abs(py_loss - sub_loss) / max(abs(py_loss), 1e-30)
+        rel_grad_err = max_grad_err / max(max_grad, 1e-30)
+        print(f"agreement with Python on {nb} groups, {name}: loss rel. err {rel_loss_err:.2e}, "
+              f"gradient max rel. err {rel_grad_err:.2e}")
+        if rel_loss_err > 1e-4 or rel_grad_err > 1e-4:
+            print(f"MISMATCH between {name} and Python paths")
+            return 1
+
+    t0 = time.perf_counter()
+    packed = [blk for c in chunks for blk in pack(c, args.block_groups)]
+    pack_s = time.perf_counter() - t0
     per_group_py = py_time / nb
     py_full = per_group_py * b
-    print(
-        f"vectorised (torch, {args.threads} threads): {best:.2f} s for {b} groups "
-        f"({n_tokens / best / 1e6:.1f}M tokens/s), loss {loss:.6f}"
-    )
     print(
         f"python per-group baseline: {py_time:.2f} s for {nb} groups = {per_group_py * 1e3:.1f} ms/group "
         f"-> extrapolated {py_full:.1f} s for {b} groups"
     )
-    print(f"speed-up: {py_full / best:.1f}x   (peak RSS {peak_gb:.2f} GB)")
+    paths = {
+        f"autograd, padded [B,G,T], {args.chunk_groups}-group chunks (old)": lambda: vectorised(chunks, n_tokens),
+        f"fused closed-form, padded, {args.block_groups}-group blocks": lambda: fused_padded(chunks, n_tokens, args.block_groups),
+        f"fused closed-form, packed, {args.block_groups}-group blocks": lambda: fused_packed(packed, n_tokens),
+    }
+    results = []
+    for name, run in paths.items():
+        best, loss = float("inf"), float("nan")
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            loss, _ = run()
+            best = min(best, time.perf_counter() - t0)
+        results.append((name, best, loss))
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    print(f"timings ({args.threads} threads, best of {args.repeats}; packing padded->packed took {pack_s:.2f} s, untimed):")
+    for name, best, loss in results:
+        print(f"  {name:<58} {best:6.2f} s ({n_tokens / best / 1e6:6.1f}M tok/s)  loss {loss:.6f}  "
+              f"speed-up vs Python {py_full / best:6.1f}x")
+    print(f"(peak RSS {peak_gb:.2f} GB)")
     return 0
 
 

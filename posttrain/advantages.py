@@ -201,14 +201,47 @@ def shape(
     group_mask ``[B, G]``. Response lengths are the token-mask counts.
     """
     valid = _valid(rewards, group_mask)
-    adv = loo_advantages(rewards, valid)
     ent = group_entropy(logprobs, token_mask, valid)
+    lengths = torch.count_nonzero(token_mask, dim=-1) if config.length is not None else None
+    return _shape_core(rewards, valid, ent, lengths, config)
+
+
+def _shape_core(rewards: Tensor, valid: Tensor, ent: Tensor, lengths: Tensor | None, config: ShapingConfig) -> Shaped:
+    adv = loo_advantages(rewards, valid)
     if config.gepo is not None:
         adv = gepo(adv, ent, config.gepo)
     if config.length is not None:
-        lengths = torch.count_nonzero(token_mask, dim=-1)
         adv = length_regularise(adv, lengths, valid, config.length)
     return Shaped(advantages=adv, resample=degenerate_groups(rewards, valid, config.dapo_atol), entropy=ent)
+
+
+def segment_sums(values: Tensor, lengths: Tensor) -> Tensor:
+    """Per-segment sums of a packed 1-D tensor: ``values`` is the concatenation of segments of the
+    given ``lengths`` (any shape; flattened, 0 allowed). Returns ``lengths.shape`` (0 for empty)."""
+    flat = lengths.reshape(-1)
+    if values.dim() != 1 or values.numel() != int(flat.sum()):
+        raise ValueError(f"packed values ({tuple(values.shape)}) must be 1-D with sum(lengths)={int(flat.sum())} entries")
+    return torch.segment_reduce(values, "sum", lengths=flat).view(lengths.shape)
+
+
+def shape_packed(
+    rewards: Tensor,
+    logprobs: Tensor,
+    lengths: Tensor,
+    group_mask: Tensor | None = None,
+    config: ShapingConfig = ShapingConfig(),
+) -> Shaped:
+    """``shape()`` for the packed (ragged) layout: no padding slots at all.
+
+    rewards, lengths: ``[B, G]`` (lengths 0 for padded responses); logprobs: ``[Σ lengths]``, the
+    rollout log π of every real token, responses concatenated in row-major ``[B, G]`` order. The group
+    entropy's per-response surprisal is one segmented sum over the packed tokens.
+    """
+    valid = _valid(rewards, group_mask)
+    surprisal = -segment_sums(logprobs, lengths)
+    k = valid.sum(dim=-1).clamp(min=1).to(surprisal.dtype)
+    ent = torch.where(valid, surprisal, torch.zeros_like(surprisal)).sum(dim=-1) / k
+    return _shape_core(rewards, valid, ent, lengths if config.length is not None else None, config)
 
 
 def broadcast_to_tokens(advantages: Tensor, token_mask: Tensor) -> Tensor:

@@ -97,6 +97,175 @@ def policy_loss(
     return loss, stats
 
 
+# --------------------------------------------------------------------------------------------------
+# Fused closed-form forward + gradient (no autograd graph).
+#
+# Because the clipped ratio is detached, Eq 29 is linear in log π and its gradient is exact and
+# closed-form:  d loss / d log π_{i,t} = −m_{i,t} · ρ̄_{i,t} · Ã_i / Σ|y|  (=: g), and loss = Σ g · log π.
+# So one buffer serves as ratio, weight and gradient, updated in place (sub → exp → clamp → scale),
+# and the loss is a single dot product. Callers process a block of groups at a time so the buffer
+# stays in cache. `PolicyLossFn` wraps this for `loss.backward()` through a model.
+
+
+def _clip_count(buf: Tensor, lo: float, hi: float) -> Tensor:
+    """Exact number of entries of ``buf`` outside ``[lo, hi]`` (before clamping), as an int64 tensor."""
+    return torch.count_nonzero(buf < lo) + torch.count_nonzero(buf > hi)
+
+
+def _denominator(n_resp: Tensor, n_tokens: Tensor | float | None, like: Tensor) -> tuple[Tensor, Tensor]:
+    denom = n_resp if n_tokens is None else torch.as_tensor(n_tokens)
+    return denom, denom.to(device=like.device, dtype=like.dtype).clamp(min=1)
+
+
+@torch.no_grad()
+def policy_loss_and_grad(
+    logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    keep_mask: Tensor | None = None,
+    clip: ClipConfig = ClipConfig(),
+    n_tokens: Tensor | float | None = None,
+    grad_out: Tensor | None = None,
+) -> tuple[Tensor, Tensor, LossStats]:
+    """``policy_loss`` (padded layout, same arguments) as ``(loss, d loss / d logprobs, stats)``.
+
+    No autograd graph is built: the gradient is the closed form −m·ρ̄·Ã/Σ|y| (exact, since ρ̄ is
+    detached). ``grad_out`` (same shape as logprobs) receives the gradient if given. Equal to
+    ``policy_loss`` + ``backward`` up to float rounding (tests/posttrain/test_policy_loss.py).
+    """
+    resp = response_mask.bool()
+    keep = resp if keep_mask is None else (keep_mask.bool() & resp)
+    drop = ~keep
+    if advantages.dim() == logprobs.dim() - 1:
+        advantages = advantages.unsqueeze(-1)
+    n_resp = torch.count_nonzero(resp)
+    n_keep = n_resp if keep_mask is None else torch.count_nonzero(keep)
+    denom, denom_f = _denominator(n_resp, n_tokens, logprobs)
+    lo, hi = 1.0 - clip.eps_low, 1.0 + clip.eps_high
+    g = torch.empty_like(logprobs) if grad_out is None else grad_out
+    torch.sub(logprobs, behaviour_logprobs, out=g)
+    g.exp_()  # ρ
+    g.masked_fill_(drop, 1.0)  # padding / masked tokens: inside the bounds, so never counted as clipped
+    n_clipped = _clip_count(g, lo, hi)
+    g.clamp_(lo, hi)  # ρ̄
+    g.mul_(advantages.to(g.dtype) / -denom_f)  # −ρ̄·Ã/N (broadcast over T when per response)
+    g.masked_fill_(drop, 0.0)
+    # where() so that -inf/NaN logprobs on padding cannot poison the sum (0 · -inf = NaN).
+    loss = torch.dot(g.reshape(-1), torch.where(keep, logprobs, 0.0).reshape(-1))
+    stats = LossStats(
+        n_tokens=denom.detach(),
+        clip_fraction=n_clipped / n_keep.clamp(min=1),
+        kept_fraction=n_keep / n_resp.clamp(min=1),
+    )
+    return loss, g, stats
+
+
+@torch.no_grad()
+def packed_policy_loss_and_grad(
+    logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    advantages: Tensor,
+    lengths: Tensor,
+    keep_mask: Tensor | None = None,
+    clip: ClipConfig = ClipConfig(),
+    n_tokens: Tensor | float | None = None,
+    grad_out: Tensor | None = None,
+) -> tuple[Tensor, Tensor, LossStats]:
+    """Fused loss + gradient on the packed (ragged) layout: only real tokens, no padding slots.
+
+    logprobs, behaviour_logprobs: ``[N]``, the response tokens of all responses concatenated.
+    lengths: ``[R]`` (or any shape, flattened row-major) tokens per response, Σ = N.
+    advantages: per response (same shape as lengths) or ``[N]`` per token; if both shapes match
+    (1-D lengths with R = N) it is read as per response.
+    keep_mask: ``[N]`` m_{i,t}, or None (every token kept). Σ|y| is N unless n_tokens overrides it.
+    Returns ``(loss, grad [N], stats)``; see ``policy_loss_and_grad``.
+    """
+    if logprobs.dim() != 1 or behaviour_logprobs.shape != logprobs.shape:
+        raise ValueError("packed logprobs must be 1-D and match behaviour_logprobs")
+    flat_len = lengths.reshape(-1)
+    n = logprobs.numel()
+    n_resp = torch.tensor(n, device=logprobs.device)
+    keep = None if keep_mask is None else keep_mask.bool()
+    n_keep = n_resp if keep is None else torch.count_nonzero(keep)
+    denom, denom_f = _denominator(n_resp, n_tokens, logprobs)
+    lo, hi = 1.0 - clip.eps_low, 1.0 + clip.eps_high
+    if int(flat_len.sum()) != n:
+        raise ValueError(f"sum(lengths)={int(flat_len.sum())} != number of packed tokens {n}")
+    coef = advantages.reshape(-1).to(logprobs.dtype) / -denom_f
+    if advantages.shape == lengths.shape:  # per response (wins if ambiguous): gather onto the tokens
+        ids = torch.repeat_interleave(flat_len, output_size=n)  # response id of every token
+        coef = torch.index_select(coef, 0, ids)
+    elif advantages.shape != logprobs.shape:
+        raise ValueError(f"advantages must have lengths' shape {tuple(lengths.shape)} or logprobs' shape ({n},)")
+    g = torch.empty_like(logprobs) if grad_out is None else grad_out
+    torch.sub(logprobs, behaviour_logprobs, out=g)
+    g.exp_()  # ρ
+    if keep is not None:
+        g.masked_fill_(~keep, 1.0)
+    n_clipped = _clip_count(g, lo, hi)
+    g.clamp_(lo, hi)  # ρ̄
+    g.mul_(coef)  # −ρ̄·Ã/N
+    if keep is not None:
+        g.masked_fill_(~keep, 0.0)
+        loss = torch.dot(g, torch.where(keep, logprobs, 0.0))
+    else:
+        loss = torch.dot(g, logprobs)
+    stats = LossStats(
+        n_tokens=denom.detach(),
+        clip_fraction=n_clipped / n_keep.clamp(min=1),
+        kept_fraction=n_keep / n_resp.clamp(min=1),
+    )
+    return loss, g, stats
+
+
+class PolicyLossFn(torch.autograd.Function):
+    """Eq 29 loss as an autograd node whose backward is the saved closed-form gradient.
+
+    ``PolicyLossFn.apply(logprobs, behaviour_logprobs, advantages, mask_or_lengths, keep_mask, clip,
+    n_tokens, packed)`` returns the scalar loss; ``loss.backward()`` sends −m·ρ̄·Ã/Σ|y| (times the
+    incoming gradient) into ``logprobs`` and on into the model. Gradients to the other inputs are
+    None (ρ̄ and Ã are detached by definition). Use ``fused_policy_loss`` for the (loss, stats) API.
+    """
+
+    @staticmethod
+    def forward(ctx, logprobs, behaviour_logprobs, advantages, mask_or_lengths, keep_mask, clip, n_tokens, packed):  # noqa: ANN001, ANN205
+        fn = packed_policy_loss_and_grad if packed else policy_loss_and_grad
+        loss, grad, stats = fn(logprobs.detach(), behaviour_logprobs.detach(), advantages.detach(),
+                               mask_or_lengths, keep_mask, clip, n_tokens)
+        ctx.save_for_backward(grad)
+        ctx.stats = stats
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):  # noqa: ANN001, ANN205
+        (grad,) = ctx.saved_tensors
+        return grad * grad_output, None, None, None, None, None, None, None
+
+
+def fused_policy_loss(
+    logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    keep_mask: Tensor | None = None,
+    clip: ClipConfig = ClipConfig(),
+    n_tokens: Tensor | float | None = None,
+    packed: bool = False,
+) -> tuple[Tensor, LossStats]:
+    """Drop-in for ``policy_loss`` (same arguments and result) backed by ``PolicyLossFn``.
+
+    With ``packed=True`` the inputs are in the packed layout of ``packed_policy_loss_and_grad`` and
+    ``response_mask`` is the per-response ``lengths``.
+    """
+    if not (torch.is_grad_enabled() and logprobs.requires_grad):
+        fn = packed_policy_loss_and_grad if packed else policy_loss_and_grad
+        loss, _, stats = fn(logprobs, behaviour_logprobs, advantages, response_mask, keep_mask, clip, n_tokens)
+        return loss, stats
+    loss = PolicyLossFn.apply(logprobs, behaviour_logprobs, advantages, response_mask, keep_mask, clip, n_tokens, packed)
+    return loss, loss.grad_fn.stats  # grad_fn is the Function's ctx
+
+
 def binary_kl(a: Tensor, b: Tensor) -> Tensor:
     """Eq 12: ``D(a‖b) = a ln(a/b) + (1−a) ln((1−a)/(1−b))`` for Bernoulli parameters a, b.
 
