@@ -15,8 +15,9 @@ Every chunk records ``overlap`` = e_{k−1} − s_k, so chunk 0 followed by each
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from pipelines.interleave import TokenizedSegment
 from pipelines.shards import Segment

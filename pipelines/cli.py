@@ -17,8 +17,8 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 # Subcommand modules contributed by each area; each exposes register(subparsers).
 _EXTENSIONS = ("pipelines.cli_review", "pipelines.cli_index", "pipelines.cli_pretrain", "pipelines.cli_posttrain")

@@ -23,9 +23,10 @@ import re
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io import fileio
@@ -35,18 +36,17 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from parsing.records import Dropped
-from pipelines.shards import SCHEMA_VERSION
 from pipelines.build import (
     BuildConfig,
     DocumentBuilder,
     WorkStore,
     iter_quarantine,
     n_shards_for,
-    shard_name,
     shard_of,
     write_quarantine,
     write_shard_from_docs,
 )
+from pipelines.shards import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 NAMESPACE = "scifolio"

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from parsing.records import Page
 from pipelines.shards import Segment
@@ -55,17 +56,13 @@ def page_segments(pages: Iterable[Page]) -> list[RawSegment]:
     out: list[RawSegment] = []
     for page in sorted(pages, key=lambda p: p.page_index):
         texts: list[str] = []
-
-        def flush() -> None:
-            if texts:
-                out.append(RawSegment("text", page.page_index, text=PARAGRAPH_SEP.join(texts)))
-                texts.clear()
-
         for kind, block in page.content():
             if kind == "text":
                 texts.append(block.text.strip())
                 continue
-            flush()
+            if texts:  # text before this image becomes one segment
+                out.append(RawSegment("text", page.page_index, text=PARAGRAPH_SEP.join(texts)))
+                texts = []
             crop = block.crop
             assert crop is not None
             out.append(
@@ -76,7 +73,8 @@ def page_segments(pages: Iterable[Page]) -> list[RawSegment]:
                            "kind": block.kind},
                 )
             )
-        flush()
+        if texts:
+            out.append(RawSegment("text", page.page_index, text=PARAGRAPH_SEP.join(texts)))
         # Pages are separated by a paragraph break so text of consecutive pages does not run together.
         if out and out[-1].kind == "text" and out[-1].page_index == page.page_index:
             last = out[-1]

@@ -13,8 +13,9 @@ import io
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import pyarrow.parquet as pq
 

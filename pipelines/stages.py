@@ -7,8 +7,9 @@ pages with the VLM in batches and keeps those at or above their domain's thresho
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from parsing.records import Document, Dropped, Page
 
@@ -28,9 +29,9 @@ class VisualGainSlot:
 def visual_gain_config(args: argparse.Namespace) -> VisualGainSlot | None:
     if args.no_visual_gain or not args.visual_gain_model:
         return None
-    from visual_gain.scorer import VisualGainConfig
-
     import os
+
+    from visual_gain.scorer import VisualGainConfig
 
     return VisualGainSlot(
         scorer=VisualGainConfig(model=args.visual_gain_model, batch_size=args.visual_gain_batch,

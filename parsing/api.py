@@ -1,0 +1,299 @@
+"""``iter_parse``: bytes of one PDF -> Document, then Page/Dropped records, from a killable worker process.
+
+    from parsing import ParseConfig, iter_parse
+    for rec in iter_parse(open("paper.pdf", "rb").read(), "paper.pdf", ParseConfig()):
+        print(type(rec).__name__, getattr(rec, "page_index", ""), getattr(rec, "reason", ""))
+
+or, to look at boxes: ``python -m parsing.visualize paper.pdf --out /tmp/boxes``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from parsing.backends import BackendUnavailable, ensure_mineru_env
+from parsing.config import ParseConfig
+from parsing.records import Document, Dropped, Page, sha256_hex
+from parsing.validate import quick_checks
+from parsing.worker import EOF, TIMEOUT, FrameReader, write_frame
+
+PARSER_VERSION = "parsing-1"
+"""Bump whenever parser output changes for the same input and config (invalidates resumption)."""
+
+TEST_HANG_ENV = "SCIFOLIO_PARSE_TEST_HANG"
+"""Test hook: ``open`` or ``page:N`` makes the worker hang there (exercises the timeouts)."""
+
+
+class Parser:
+    """Owns one parse worker process and restarts it after a kill, a crash or memory growth.
+
+    One instance serves many documents sequentially (backends stay loaded between documents); use one per
+    thread/process (a Beam DoFn creates it in ``setup``). ``close()`` stops the worker.
+    """
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: FrameReader | None = None
+        self._log = tempfile.NamedTemporaryFile(prefix="scifolio-parse-worker-", suffix=".log", delete=False)
+        self._workdir = tempfile.mkdtemp(prefix="scifolio-parse-")  # the worker's copy of the current PDF
+
+    # ------------------------------------------------------------------------------------------ worker
+    def _ensure_worker(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        ensure_mineru_env()
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)  # so `-m parsing.worker` imports this checkout
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "parsing.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            close_fds=True,
+        )
+        assert self._proc.stdout is not None
+        self._reader = FrameReader(self._proc.stdout.fileno())
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            for s in (self._proc.stdin, self._proc.stdout):
+                if s is not None:
+                    s.close()
+        self._proc = None
+        self._reader = None
+
+    def close(self) -> None:
+        """Stop the worker (politely: EOF on its stdin, then kill if it lingers) and remove its log."""
+        if self._proc is not None and self._proc.poll() is None and self._proc.stdin is not None:
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+        self._log.close()
+        Path(self._log.name).unlink(missing_ok=True)
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def __enter__(self) -> Parser:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _log_tail(self, n: int = 2000) -> str:
+        try:
+            data = Path(self._log.name).read_bytes()
+            return data[-n:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def _send_job(self, job: dict[str, Any]) -> None:
+        self._ensure_worker()
+        self._log.truncate(0)
+        assert self._proc is not None and self._proc.stdin is not None
+        write_frame(self._proc.stdin, job)
+
+    # ------------------------------------------------------------------------------------------- parse
+    def iter_parse(self, data: bytes, source: str, config: ParseConfig) -> Iterator[Document | Page | Dropped]:
+        """See ``parsing.iter_parse``."""
+        early = quick_checks(data, source, config.limits)
+        if early is not None:
+            yield early
+            return
+        doc_id = sha256_hex(data)
+        hang = os.environ.get(TEST_HANG_ENV) or None
+        start = time.monotonic()
+        doc_deadline = start + config.doc_timeout_s
+        document: Document | None = None
+        done_pages: set[int] = set()
+        # Work queue of (pages, window size); None pages = the whole document (count unknown until opened).
+        queue: list[tuple[list[int] | None, int]] = [(None, config.page_window)]
+
+        def page_drop(i: int, reason: str, **detail: Any) -> Dropped:
+            return Dropped(f"{doc_id}:{i}", "parse", reason, {"source": source, **detail})
+
+        while queue:
+            pages, window_size = queue.pop(0)
+            self._send_job(
+                {
+                    "workdir": self._workdir,
+                    "data": data,
+                    "source": source,
+                    "config": config,
+                    "pages": pages,
+                    "window": window_size,
+                    "hang": hang,
+                }
+            )
+            finished = False
+            window: list[int] = []
+            deadline = min(doc_deadline, time.monotonic() + config.page_timeout_s)  # opening the file
+            try:
+                while True:
+                    assert self._reader is not None
+                    msg = self._reader.read(deadline)
+                    if msg is TIMEOUT or msg is EOF:
+                        self._kill()
+                        crashed = msg is EOF
+                        now = time.monotonic()
+                        if now >= doc_deadline:
+                            missing = self._missing(document, done_pages)
+                            yield Dropped(
+                                doc_id,
+                                "parse" if document else "open",
+                                "timeout",
+                                {
+                                    "source": source,
+                                    "detail": f"document exceeded doc_timeout_s={config.doc_timeout_s}",
+                                    "pages_missing": missing,
+                                },
+                            )
+                            return
+                        if document is None:  # died or hung while opening
+                            yield Dropped(
+                                doc_id,
+                                "open",
+                                "crash" if crashed else "timeout",
+                                {
+                                    "source": source,
+                                    "detail": self._log_tail()
+                                    if crashed
+                                    else f"opening exceeded page_timeout_s={config.page_timeout_s}",
+                                },
+                            )
+                            return
+                        pending = [i for i in window if i not in done_pages]
+                        rest = [
+                            i
+                            for i in (pages if pages is not None else range(document.n_pages))
+                            if i not in done_pages and i not in pending
+                        ]
+                        if not pending and rest:  # stalled between windows: blame the next page, never loop
+                            pending, rest = [rest[0]], rest[1:]
+                        if len(pending) > 1:
+                            # Which page of the window hung is unknown: retry each alone, then the rest.
+                            queue[:0] = [([i], 1) for i in pending]
+                        elif pending:
+                            yield page_drop(
+                                pending[0],
+                                "crash" if crashed else "timeout",
+                                detail=self._log_tail()
+                                if crashed
+                                else f"page exceeded page_timeout_s={config.page_timeout_s}",
+                            )
+                            done_pages.add(pending[0])
+                        rest = [i for i in rest if i not in pending]
+                        if rest:
+                            queue.insert(len(pending) if len(pending) > 1 else 0, (rest, window_size))
+                        finished = True
+                        break
+                    kind, payload = msg
+                    if kind == "doc":
+                        if document is None:
+                            document = payload
+                            yield payload
+                        deadline = min(doc_deadline, time.monotonic() + config.page_timeout_s)
+                    elif kind == "window":
+                        window = payload
+                        deadline = min(doc_deadline, time.monotonic() + config.page_timeout_s * len(window))
+                    elif kind in ("page", "dropped"):
+                        if document is None:  # validation failed inside the worker
+                            yield payload
+                            continue
+                        idx = payload.page_index if kind == "page" else int(payload.item_id.rsplit(":", 1)[1])
+                        if idx not in done_pages:
+                            done_pages.add(idx)
+                            yield payload
+                    elif kind == "fatal":
+                        raise BackendUnavailable(payload)
+                    elif kind == "error":
+                        missing = self._missing(document, done_pages)
+                        if document is None:
+                            yield Dropped(doc_id, "open", "worker_error", {"source": source, "detail": payload})
+                        for i in missing:
+                            yield page_drop(i, "worker_error", detail=payload)
+                            done_pages.add(i)
+                    elif kind == "done":
+                        finished = True
+                        if payload > config.worker_max_rss_mb:
+                            self.close_worker()
+                        break
+            finally:
+                if not finished:  # the consumer stopped early: the worker is mid-job and must not be reused
+                    self._kill()
+            if document is None:
+                return
+
+    @staticmethod
+    def _missing(document: Document | None, done: set[int]) -> list[int]:
+        return [] if document is None else [i for i in range(document.n_pages) if i not in done]
+
+    def close_worker(self) -> None:
+        """Stop the current worker; the next document starts a fresh one."""
+        if self._proc is not None and self._proc.stdin is not None:
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+
+
+_DEFAULT: Parser | None = None
+
+
+def _default_parser() -> Parser:
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Parser()
+        atexit.register(_DEFAULT.close)
+    return _DEFAULT
+
+
+def iter_parse(data: bytes, source: str, config: ParseConfig) -> Iterator[Document | Page | Dropped]:
+    """Parse one PDF given as bytes.
+
+    Yields first a ``Document`` (validated) or a ``Dropped`` (stage ``open``) and then stops; after a Document,
+    ``Page`` records in page order and ``Dropped(item_id=f"{doc_id}:{page}", stage="parse")`` for pages that
+    failed (reasons ``timeout``, ``crash``, ``backend_error``, ``render_error``, ``worker_error``). A document
+    that exceeds ``doc_timeout_s`` ends with ``Dropped(item_id=doc_id, reason="timeout")`` listing the pages
+    it did not reach. Nothing raises except ``BackendUnavailable`` (a configuration error: e.g. MinerU tier
+    ``standard`` without its models), which would otherwise quarantine every document.
+
+    Runs in a per-process worker (``Parser``) that is reused across calls and killed on timeouts.
+    """
+    yield from _default_parser().iter_parse(data, source, config)
+
+
+def available_backends() -> dict[str, str]:
+    """Installed layout backends -> version strings (written to the manifest beside PARSER_VERSION)."""
+    from importlib import metadata
+
+    out: dict[str, str] = {}
+    for name, dist in (
+        ("mineru", "mineru"),
+        ("pymupdf", "pymupdf"),
+        ("pymupdf4llm", "pymupdf4llm"),
+        ("rapid-layout", "rapid-layout"),
+        ("rapidocr", "rapidocr-onnxruntime"),
+    ):
+        try:
+            out[name] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out

@@ -1,0 +1,159 @@
+"""Parse one validated document, window by window, in the current process (the worker calls this).
+
+``iter_parse`` (``parsing/api.py``) runs this inside a killable worker; tests may call it directly.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from parsing.backends import LayoutBackend, ParsedPage, make_backend, with_order
+from parsing.config import ParseConfig
+from parsing.crops import crop_blocks, render_page
+from parsing.geometry import area
+from parsing.postprocess import refine_blocks
+from parsing.records import Block, Document, Dropped, Page
+
+if TYPE_CHECKING:
+    import pymupdf
+
+# A page with fewer extractable characters than this and an image covering this fraction is a scan.
+_SCAN_MAX_CHARS = 16
+_SCAN_MIN_IMAGE_FRACTION = 0.3
+
+
+class BackendSet:
+    """Backends loaded once per worker process and reused across documents (model loading is slow)."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[tuple[str, str], LayoutBackend] = {}
+
+    def get(self, name: str, tier: str = "flash") -> LayoutBackend:
+        key = (name, tier if name == "mineru" else "")
+        if key not in self._loaded:
+            backend = make_backend(name, tier)
+            backend.load()
+            self._loaded[key] = backend
+        return self._loaded[key]
+
+
+def is_scanned(page: pymupdf.Page) -> bool:
+    """True when the page has (almost) no visible text but an image covering much of it: a scan.
+
+    Invisible text (render mode 3) is an OCR layer laid over a scan; layout models for born-digital PDFs see
+    such a page as one big picture, so it goes to the scan path too (which reuses that text layer).
+    """
+    visible = sum(len(s.get("chars", ())) for s in page.get_texttrace() if s.get("type") != 3)
+    if visible >= _SCAN_MAX_CHARS:
+        return False
+    page_area = page.rect.width * page.rect.height
+    covered = 0.0
+    for info in page.get_image_info():
+        b = tuple(info["bbox"])
+        covered = max(covered, area(b) / page_area if page_area else 0.0)
+    return covered >= _SCAN_MIN_IMAGE_FRACTION
+
+
+def windows(page_indices: Sequence[int], size: int) -> Iterator[list[int]]:
+    idx = list(page_indices)
+    for s in range(0, len(idx), size):
+        yield idx[s : s + size]
+
+
+def _hang_if(hook: str | None, where: str) -> None:
+    """Test hook: ``SCIFOLIO_PARSE_TEST_HANG=open`` or ``page:N`` makes the worker hang there forever."""
+    if hook == where:
+        while True:
+            time.sleep(3600)
+
+
+def parse_window(
+    doc: pymupdf.Document,
+    pdf_path: str,
+    document: Document,
+    window: Sequence[int],
+    config: ParseConfig,
+    backends: BackendSet,
+    hang: str | None = None,
+) -> Iterator[Page | Dropped]:
+    """Parse the pages in ``window`` (ascending 0-based indices), yielding Page or Dropped in page order."""
+    scans = {i for i in window if config.ocr_fallback and is_scanned(doc[i])}
+    native = [i for i in window if i not in scans]
+    results: dict[int, ParsedPage | Dropped] = {}
+    if native:
+        main = backends.get(config.backend, config.tier)
+        results.update(_run_backend(main, pdf_path, doc, document, native))
+    if scans:
+        ocr = backends.get("rapidocr")
+        results.update(_run_backend(ocr, pdf_path, doc, document, sorted(scans)))
+    for i in window:
+        _hang_if(hang, f"page:{i}")
+        r = results.get(i)
+        if r is None:
+            yield Dropped(
+                f"{document.doc_id}:{i}",
+                "parse",
+                "backend_error",
+                {"source": document.source, "detail": "the backend returned no result for this page"},
+            )
+            continue
+        if isinstance(r, Dropped):
+            yield r
+            continue
+        parser, blocks = r
+        try:
+            yield _finish_page(doc[i], document, parser, blocks, config)
+        except Exception as exc:  # rendering a crop failed: quarantine the page, keep the document
+            yield Dropped(
+                f"{document.doc_id}:{i}",
+                "parse",
+                "render_error",
+                {"source": document.source, "detail": f"{type(exc).__name__}: {exc}"},
+            )
+
+
+def _run_backend(
+    backend: LayoutBackend, pdf_path: str, doc: pymupdf.Document, document: Document, pages: list[int]
+) -> dict[int, ParsedPage | Dropped]:
+    """Run a backend on a window; if the window fails, retry page by page so one bad page costs one page."""
+    try:
+        return dict(backend.parse(pdf_path, doc, pages))
+    except Exception:
+        if len(pages) == 1:
+            return {
+                pages[0]: Dropped(
+                    f"{document.doc_id}:{pages[0]}",
+                    "parse",
+                    "backend_error",
+                    {
+                        "source": document.source,
+                        "backend": backend.name,
+                        "detail": traceback.format_exc(limit=4)[-2000:],
+                    },
+                )
+            }
+    out: dict[int, ParsedPage | Dropped] = {}
+    for i in pages:
+        out.update(_run_backend(backend, pdf_path, doc, document, [i]))
+    return out
+
+
+def _finish_page(page: pymupdf.Page, document: Document, parser: str, blocks: list[Block], config: ParseConfig) -> Page:
+    blocks = with_order(refine_blocks(page, blocks))
+    blocks = crop_blocks(page, blocks, config)
+    render = None
+    if config.page_render_dpi:
+        render = render_page(page, config.page_render_dpi, config.page_render_max_side)
+    return Page(
+        doc_id=document.doc_id,
+        page_index=page.number,
+        width=page.rect.width,
+        height=page.rect.height,
+        blocks=tuple(blocks),
+        parser=parser,
+        source=document.source,
+        render=render,
+    )

@@ -1,0 +1,24 @@
+"""A page without a text layer goes to the offline OCR path (rapid-layout + rapidocr) and yields text."""
+
+from __future__ import annotations
+
+import pymupdf
+
+from parsing import Document, Page, ParseConfig
+from parsing.core import is_scanned
+from tests.parsing.fixtures import paper_pdf, scanned_pdf
+
+
+def test_scan_detection():
+    assert is_scanned(pymupdf.open(stream=scanned_pdf())[0])
+    assert not is_scanned(pymupdf.open(stream=paper_pdf())[0])
+
+
+def test_scanned_page_is_ocred(parser):
+    recs = list(parser.iter_parse(scanned_pdf(), "scan.pdf", ParseConfig(backend="mineru")))
+    assert isinstance(recs[0], Document)
+    (page,) = [r for r in recs if isinstance(r, Page)]
+    assert page.parser == "rapidocr"
+    text = " ".join(b.text for b in page.blocks).lower()
+    assert "detector" in text and "scanned" in text, text
+    assert any(b.kind == "title" for b in page.blocks)
