@@ -47,8 +47,9 @@ class ParseConfig:
     """A page that takes longer is killed and quarantined (reason ``timeout``)."""
     doc_timeout_s: float = 600.0
     """A document that takes longer in total is killed; its remaining pages are quarantined (``timeout``)."""
-    page_window: int = 16
-    """Long documents are parsed in windows of this many pages, so a worker holds one window, not a book."""
+    page_window: int = 64
+    """Long documents are parsed in windows of this many pages, so a worker holds one window, not a book.
+    Each MinerU call has a fixed cost: 16-page windows measured ~10% slower than 64 on a 117-page paper."""
     worker_max_rss_mb: int = 6144
     """The parse worker restarts after a document when its resident memory exceeds this (leak guard)."""
     limits: Limits = field(default_factory=Limits)

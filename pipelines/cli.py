@@ -204,6 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if getattr(args, "beam", False):
         return args.func(args, unknown)
+    if getattr(args, "command", None) == "index" and getattr(args, "index_command", None) == "build":
+        args.beam_args = unknown  # Beam pipeline options pass through to the ingest job
+        return args.func(args)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.func(args)

@@ -1,0 +1,249 @@
+"""``scifolio index build|query|serve|weights``: the image index from the command line.
+
+    scifolio index build out/shards --uri ./index.db --shards 4 --embed-model tiny/retrieval/clip
+    scifolio index query "phase diagram" --uri ./index.db --embed-model tiny/retrieval/clip --k 5
+    scifolio index query --image fig.png --embed-model M --captioner C --reranker R --rerank
+    scifolio index serve --uri ./index.db --embed-model M --captioner C --reranker R --shards-dir out/shards
+    scifolio index weights --queries queries.txt --shards-dir out/shards --out weights.parquet \\
+        --embed-model M --reranker R
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _index_args(p: argparse.ArgumentParser, build: bool = False) -> None:
+    g = p.add_argument_group("index")
+    g.add_argument(
+        "--uri",
+        default="./index.db",
+        help="Milvus Lite file (default ./index.db) or server URI, e.g. http://127.0.0.1:19530",
+    )
+    g.add_argument("--name", default="crops", help="collection prefix (collections <name>_s00…)")
+    g.add_argument(
+        "--shards",
+        type=int,
+        default=4 if build else None,
+        help="number of shard collections" + (" (default 4)" if build else " (default: discovered)"),
+    )
+    g.add_argument("--token", default="", help="auth token for a secured Milvus server")
+    if build:
+        g.add_argument(
+            "--index-type",
+            default="HNSW",
+            help="HNSW (default), IVF_SQ8, IVF_FLAT, FLAT, AUTOINDEX; IVF_PQ/DISKANN on a cluster",
+        )
+        g.add_argument("--index-params", default=None, help="JSON build params, e.g. '{\"M\": 32}'")
+
+
+def _model_args(p: argparse.ArgumentParser, captioner: bool = True, reranker: bool = True) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--embed-model", required=True, help="sentence-transformers image+text model (name or path)")
+    if captioner:
+        g.add_argument("--captioner", default=None, help="image-to-text model for image queries (name or path)")
+    if reranker:
+        g.add_argument("--reranker", default=None, help="CrossEncoder model for --rerank (name or path)")
+    g.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+
+
+def _index_config(args: argparse.Namespace, build: bool = False):
+    from retrieval.index import IndexConfig, discover_n_shards
+
+    n = args.shards if args.shards is not None else discover_n_shards(args.uri, args.name, args.token)
+    kw = {}
+    if build:
+        kw = {
+            "index_type": args.index_type,
+            "build_params": json.loads(args.index_params) if args.index_params else None,
+        }
+    return IndexConfig(uri=args.uri, name=args.name, n_shards=n, token=args.token, **kw)
+
+
+def _searcher(args: argparse.Namespace):
+    from retrieval.index import ShardedIndex
+    from retrieval.search import SearchConfig, load_searcher
+
+    index = ShardedIndex(_index_config(args))
+    return load_searcher(
+        index,
+        args.embed_model,
+        getattr(args, "captioner", None),
+        getattr(args, "reranker", None),
+        args.device,
+        SearchConfig(candidates=max(50, getattr(args, "k", 10))),
+    )
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from pipelines.index_job import IndexJobConfig, run
+
+    cfg = IndexJobConfig(
+        shards_dir=args.shards_dir,
+        index=_index_config(args, build=True),
+        embed_model=args.embed_model,
+        caption_model=args.caption_model,
+        batch_size=args.batch_size,
+        state_dir=args.state_dir,
+        skip_existing=not args.no_skip_existing,
+        device=args.device,
+    )
+    beam_args = ["--runner", args.runner, *getattr(args, "beam_args", [])]
+    totals = run(cfg, beam_args)
+    print(json.dumps(totals, sort_keys=True))
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    if (args.text is None) == (args.image is None):
+        print("give a query text or --image PATH (not both)", file=sys.stderr)
+        return 2
+    searcher = _searcher(args)
+    try:
+        if args.image:
+            with open(args.image, "rb") as f:
+                res = searcher.image(f.read(), k=args.k, rerank=args.rerank)
+        else:
+            res = searcher.text(args.text, k=args.k, rerank=args.rerank)
+    finally:
+        searcher.index.close()
+    if args.json:
+        print(json.dumps(res.to_json(), indent=1))
+        return 0
+    if res.caption is not None:
+        print(f"caption: {res.caption}")
+    for i, h in enumerate(res.hits, 1):
+        q = f" quality={h.quality:.3f}" if h.quality >= 0 else ""
+        print(
+            f"{i:>3}. {h.score:.4f}{q} {h.sha256[:16]} {h.kind} doc={h.doc_id[:12]} page={h.page_index} "
+            f"{h.source}#{h.row} via={'+'.join(h.via)}"
+        )
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from retrieval.service import ServeConfig, serve
+
+    searcher = _searcher(args)
+    serve(
+        searcher,
+        ServeConfig(
+            host=args.host,
+            port=args.port,
+            shards_dir=args.shards_dir,
+            max_upload_bytes=args.max_upload_mb * 1024 * 1024,
+        ),
+    )
+    return 0
+
+
+def cmd_weights(args: argparse.Namespace) -> int:
+    from retrieval.weights import (
+        WeightConfig,
+        chunk_weights,
+        collect_scores,
+        image_weights,
+        iter_chunk_images,
+        parse_query_line,
+        write_weights,
+    )
+
+    if not args.reranker:
+        print("weights need a reranker (--reranker MODEL): quality scores come from it", file=sys.stderr)
+        return 2
+    with open(args.queries, encoding="utf-8") as f:
+        queries = [q for line in f if (q := parse_query_line(line)) is not None]
+    if not queries:
+        print(f"no queries in {args.queries}", file=sys.stderr)
+        return 2
+    if any(kind == "image" for kind, _ in queries) and not args.captioner:
+        print("image queries need --captioner", file=sys.stderr)
+        return 2
+    cfg = WeightConfig(min_score=args.min_score, max_weight=args.max_weight, k=args.k)
+    searcher = _searcher(args)
+    try:
+        scores = collect_scores(searcher, queries, cfg)
+    finally:
+        searcher.index.close()
+    img_w = image_weights(scores, cfg)
+    ch_w = chunk_weights(iter_chunk_images(args.shards_dir), img_w)
+    n = write_weights(args.out, scores, img_w, ch_w)
+    print(
+        json.dumps(
+            {
+                "queries": len(queries),
+                "scored_images": len(scores),
+                "weighted_images": len(img_w),
+                "weighted_chunks": len(ch_w),
+                "rows": n,
+                "out": args.out,
+            }
+        )
+    )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``index`` with its build/query/serve/weights subcommands to the ``scifolio`` parser."""
+    idx = subparsers.add_parser(
+        "index",
+        help="image index: build, query, serve, sample weights",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = idx.add_subparsers(dest="index_command", required=True)
+
+    b = sub.add_parser(
+        "build",
+        help="embed crops from shards into the sharded index (Beam job)",
+        description="Beam job: crops from SHARDS_DIR → embeddings → sharded Milvus collections. "
+        "Resumable (done markers + skip crops already stored); idempotent (upsert by sha256).",
+    )
+    b.add_argument("shards_dir", help="directory of shard parquet files")
+    _index_args(b, build=True)
+    _model_args(b, captioner=False, reranker=False)
+    b.add_argument("--caption-model", default=None, help="also store a generated caption per crop (slower)")
+    b.add_argument("--batch-size", type=int, default=32, help="crops per embedding batch (default 32)")
+    b.add_argument("--state-dir", default=None, help="done markers (default SHARDS_DIR/.index_state/NAME)")
+    b.add_argument("--no-skip-existing", action="store_true", help="re-embed crops already in the index")
+    b.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner; never Prism)")
+    b.set_defaults(func=cmd_build)
+
+    q = sub.add_parser("query", help="text or image query; prints ranked crops with provenance")
+    q.add_argument("text", nargs="?", default=None, help="query text")
+    q.add_argument("--image", default=None, help="query image path (captioned, then image+caption vectors)")
+    q.add_argument("--k", type=int, default=10, help="results (default 10)")
+    q.add_argument("--rerank", action="store_true", help="rerank with --reranker and store quality scores")
+    q.add_argument("--json", action="store_true", help="print JSON")
+    _index_args(q)
+    _model_args(q)
+    q.set_defaults(func=cmd_query)
+
+    s = sub.add_parser("serve", help="HTTP API + search page (127.0.0.1 by default)")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--shards-dir", default=None, help="shards the index was built from (thumbnails)")
+    s.add_argument("--max-upload-mb", type=int, default=5, help="largest accepted upload (default 5 MB)")
+    _index_args(s)
+    _model_args(s)
+    s.set_defaults(func=cmd_serve)
+
+    w = sub.add_parser(
+        "weights",
+        help="quality queries → per-image and per-chunk sample weights (parquet)",
+        description="Runs each line of --queries (text, or an image path / image:PATH) with "
+        "rerank, keeps hits scoring >= --min-score and writes weights: image weight rises "
+        "linearly from 1 at --min-score to --max-weight at score 1; a chunk takes the max of "
+        "its images; everything not listed weighs 1.0.",
+    )
+    w.add_argument("--queries", required=True, help="file with one query per line")
+    w.add_argument("--out", required=True, help="output parquet (level, id, weight, score)")
+    w.add_argument("--shards-dir", required=True, help="shards whose chunks get weights")
+    w.add_argument("--min-score", type=float, default=0.5, help="quality threshold (default 0.5)")
+    w.add_argument("--max-weight", type=float, default=3.0, help="weight at score 1.0 (default 3.0)")
+    w.add_argument("--k", type=int, default=50, help="hits reranked per query (default 50)")
+    _index_args(w)
+    _model_args(w)
+    w.set_defaults(func=cmd_weights)

@@ -1,0 +1,546 @@
+"""Sharded Milvus index of image crops: N collections ``<name>_s00 … s{N-1}``, shard = hash of the crop's sha256.
+
+The same code runs against Milvus Lite (a local file, ``./index.db``, the default) and a Milvus server or
+cluster (``http://host:19530``). Upserts are keyed by sha256, so re-ingesting a shard changes nothing.
+Search fans out to every collection concurrently, takes a per-shard top-k and merges by score.
+
+    python -c "from retrieval.index import *; ix = ShardedIndex(IndexConfig('./index.db')); print(ix.count())"
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+UNSCORED = -1.0  # quality of a crop no reranker has scored yet; real scores live in [0, 1]
+
+# Field lengths in bytes (Milvus VARCHAR limits are byte lengths of the UTF-8 text).
+MAX_CAPTION = 1024
+MAX_CONTEXT = 2048
+MAX_SOURCE = 512
+
+# Build and search parameters per index type. HNSW is the default (in-memory, best recall/latency);
+# IVF_SQ8 trades ~1 point of recall for 4x less memory; DiskANN / IVF_PQ exist only on a real cluster.
+DEFAULT_BUILD_PARAMS: dict[str, dict[str, Any]] = {
+    "FLAT": {},
+    "HNSW": {"M": 16, "efConstruction": 200},
+    "IVF_FLAT": {"nlist": 1024},
+    "IVF_SQ8": {"nlist": 1024},
+    "IVF_PQ": {"nlist": 1024, "m": 64, "nbits": 8},
+    "DISKANN": {},
+    "AUTOINDEX": {},
+}
+DEFAULT_SEARCH_PARAMS: dict[str, dict[str, Any]] = {
+    "FLAT": {},
+    "HNSW": {"ef": 128},
+    "IVF_FLAT": {"nprobe": 32},
+    "IVF_SQ8": {"nprobe": 32},
+    "IVF_PQ": {"nprobe": 32},
+    "DISKANN": {"search_list": 100},
+    "AUTOINDEX": {},
+}
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    uri: str = "./index.db"
+    """Milvus Lite file (``*.db``) or server URI (``http://127.0.0.1:19530``)."""
+    name: str = "crops"
+    """Collection name prefix; collections are ``<name>_s00`` … ``<name>_s{N-1}``."""
+    n_shards: int = 4
+    """Number of collections; a crop lives in ``shard_of(sha256, n_shards)``. Fixed once data is written."""
+    index_type: str = "HNSW"
+    """HNSW (default), IVF_SQ8, IVF_FLAT, FLAT, AUTOINDEX; IVF_PQ / DISKANN on a real cluster only."""
+    metric: str = "IP"
+    """IP on L2-normalised vectors = cosine similarity."""
+    build_params: Mapping[str, Any] | None = None
+    """Index build parameters; None = ``DEFAULT_BUILD_PARAMS[index_type]``."""
+    search_params: Mapping[str, Any] | None = None
+    """Search parameters (ef, nprobe…); None = ``DEFAULT_SEARCH_PARAMS[index_type]``."""
+    token: str = ""
+    """Auth token for a secured server ("user:password"); empty for Lite and open servers."""
+    max_workers: int = 8
+    """Threads for the concurrent per-shard fan-out."""
+    consistency: str = "Strong"
+    """Milvus read consistency. Strong: reads see every acknowledged write (idempotence checks and resume
+    rely on it). "Bounded" trades a few seconds of staleness for latency on a busy cluster."""
+
+    def __post_init__(self) -> None:
+        if self.n_shards < 1:
+            raise ValueError("n_shards must be >= 1")
+        if self.index_type.upper() not in DEFAULT_BUILD_PARAMS:
+            raise ValueError(f"unknown index_type {self.index_type!r}; expected one of {sorted(DEFAULT_BUILD_PARAMS)}")
+        object.__setattr__(self, "index_type", self.index_type.upper())
+
+    @property
+    def is_lite(self) -> bool:
+        return not self.uri.startswith(("http://", "https://", "tcp://", "unix:"))
+
+
+@dataclass(frozen=True)
+class IndexRow:
+    """One crop as stored: its id, vector, text for reranking, and provenance back to its shard row."""
+
+    sha256: str
+    vector: Sequence[float]
+    caption: str = ""
+    context: str = ""
+    kind: str = ""
+    doc_id: str = ""
+    page_index: int = -1
+    source: str = ""  # shard file, relative to the shards directory given at build time
+    row: int = -1  # row (chunk) number inside that shard file
+    quality: float = UNSCORED
+
+    def to_entity(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["vector"] = [float(v) for v in self.vector]
+        d["caption"] = clip_bytes(self.caption, MAX_CAPTION)
+        d["context"] = clip_bytes(self.context, MAX_CONTEXT)
+        d["source"] = clip_bytes(self.source, MAX_SOURCE)
+        return d
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A search result; ``score`` is the similarity (or the reranker's score after rerank)."""
+
+    sha256: str
+    score: float
+    caption: str = ""
+    context: str = ""
+    kind: str = ""
+    doc_id: str = ""
+    page_index: int = -1
+    source: str = ""
+    row: int = -1
+    quality: float = UNSCORED
+    shard: int = -1
+    via: tuple[str, ...] = field(default=())  # which query vectors found it ("text", "image", "caption")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["via"] = list(self.via)
+        return d
+
+
+OUTPUT_FIELDS = ["caption", "context", "kind", "doc_id", "page_index", "source", "row", "quality"]
+
+
+def clip_bytes(text: str, max_bytes: int) -> str:
+    """Truncate to at most ``max_bytes`` UTF-8 bytes without splitting a character."""
+    raw = (text or "").encode("utf-8")
+    if len(raw) <= max_bytes:
+        return text or ""
+    return raw[:max_bytes].decode("utf-8", errors="ignore")
+
+
+def shard_of(sha256: str, n_shards: int) -> int:
+    """Collection for a crop. sha256 is already uniform, so its first 64 bits mod N balance the shards and
+    the route never changes between runs, processes or languages (unlike Python's salted ``hash``)."""
+    if len(sha256) < 16:
+        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+    return int(sha256[:16], 16) % n_shards
+
+
+def collection_names(name: str, n_shards: int) -> list[str]:
+    return [f"{name}_s{i:02d}" for i in range(n_shards)]
+
+
+def merge_hits(per_shard: Iterable[Sequence[Hit]], k: int) -> list[Hit]:
+    """Merge per-shard (or per-query-vector) top-k lists: dedupe by sha256 keeping the best score (and the
+    union of ``via``), order by score descending (sha256 breaks ties so the order is deterministic), cut to k."""
+    best: dict[str, Hit] = {}
+    for hits in per_shard:
+        for h in hits:
+            prev = best.get(h.sha256)
+            if prev is None:
+                best[h.sha256] = h
+                continue
+            via = tuple(dict.fromkeys(prev.via + h.via))
+            keep = h if h.score > prev.score else prev
+            best[h.sha256] = replace(keep, via=via)
+    ordered = sorted(best.values(), key=lambda h: (-h.score, h.sha256))
+    return ordered[:k]
+
+
+class ShardedIndex:
+    """N Milvus collections behind one object: ensure(dim), upsert, search (fan-out + merge), quality updates.
+
+    All collections normally share one URI (one Lite file, one server or cluster, which spreads the
+    collections over its query nodes). A URI containing ``{shard}`` (``./index_{shard}.db``) puts each shard
+    in its own Lite file (own store, lock and index files). Milvus Lite 3.x serves every file inside the client
+    process, so this is no parallel speed-up (see benchmarks/results/index.md); it keeps shard files separable.
+    """
+
+    def __init__(self, config: IndexConfig):
+        self.config = config
+        self.names = collection_names(config.name, config.n_shards)
+        self._clients: dict[str, Any] = {}
+        self._loaded: set[int] = set()
+
+    # -- connection -------------------------------------------------------------------------------------------
+    def uri_of(self, shard: int) -> str:
+        return self.config.uri.format(shard=f"{shard:02d}") if "{shard}" in self.config.uri else self.config.uri
+
+    def cl(self, shard: int):
+        """Client serving ``shard``; collections that exist are loaded on first use (Milvus keeps collections
+        released after a restart, and a Lite file reopened by a new process starts released)."""
+        uri = self.uri_of(shard)
+        if uri not in self._clients:
+            from pymilvus import MilvusClient
+
+            self._clients[uri] = MilvusClient(uri=uri, token=self.config.token)
+        client = self._clients[uri]
+        if shard not in self._loaded and client.has_collection(self.names[shard]):
+            client.load_collection(self.names[shard])
+            self._loaded.add(shard)
+        return client
+
+    @property
+    def client(self):
+        """The client of shard 0 (index params, schema helpers)."""
+        return self.cl(0)
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
+        self._loaded.clear()
+
+    def __enter__(self) -> ShardedIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def _read(self) -> dict[str, str]:
+        return {"consistency_level": self.config.consistency}
+
+    # -- schema -----------------------------------------------------------------------------------------------
+    def _schema(self, dim: int):
+        from pymilvus import DataType, MilvusClient
+
+        s = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+        s.add_field("sha256", DataType.VARCHAR, max_length=64, is_primary=True)
+        s.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
+        s.add_field("caption", DataType.VARCHAR, max_length=MAX_CAPTION)
+        s.add_field("context", DataType.VARCHAR, max_length=MAX_CONTEXT)
+        s.add_field("kind", DataType.VARCHAR, max_length=16)
+        s.add_field("doc_id", DataType.VARCHAR, max_length=64)
+        s.add_field("page_index", DataType.INT32)
+        s.add_field("source", DataType.VARCHAR, max_length=MAX_SOURCE)
+        s.add_field("row", DataType.INT64)
+        s.add_field("quality", DataType.FLOAT)
+        return s
+
+    def _index_params(self, client):
+        ip = client.prepare_index_params()
+        params = dict(self.config.build_params or DEFAULT_BUILD_PARAMS[self.config.index_type])
+        ip.add_index(
+            field_name="vector", index_type=self.config.index_type, metric_type=self.config.metric, params=params
+        )
+        return ip
+
+    def exists(self) -> bool:
+        return all(self.cl(i).has_collection(n) for i, n in enumerate(self.names))
+
+    def dim(self) -> int:
+        """Vector dimension of the existing collections."""
+        desc = self.cl(0).describe_collection(self.names[0])
+        for f in desc["fields"]:
+            if f["name"] == "vector":
+                return int(f["params"]["dim"])
+        raise RuntimeError(f"collection {self.names[0]} has no vector field")
+
+    def ensure(self, dim: int) -> None:
+        """Create missing collections; refuse to write into collections of another dimension.
+
+        Safe to call from every worker's setup: a concurrent create by another worker is tolerated."""
+        for i, name in enumerate(self.names):
+            client = self.cl(i)
+            if not client.has_collection(name):
+                try:
+                    client.create_collection(
+                        name,
+                        schema=self._schema(dim),
+                        index_params=self._index_params(client),
+                        consistency_level=self.config.consistency,
+                    )
+                except Exception:
+                    if not client.has_collection(name):
+                        raise
+            existing = self._dim_of(i)
+            if existing != dim:
+                raise ValueError(f"index {self.config.name!r} holds {existing}-d vectors, the model gives {dim}-d")
+            client.load_collection(name)
+            self._loaded.add(i)
+
+    def _dim_of(self, shard: int) -> int:
+        for f in self.cl(shard).describe_collection(self.names[shard])["fields"]:
+            if f["name"] == "vector":
+                return int(f["params"]["dim"])
+        raise RuntimeError(f"collection {self.names[shard]} has no vector field")
+
+    def drop(self) -> None:
+        for i, name in enumerate(self.names):
+            if self.cl(i).has_collection(name):
+                self.cl(i).drop_collection(name)
+            self._loaded.discard(i)
+
+    def reload(self) -> None:
+        """Release and load every collection: Milvus Lite builds its ANN index for sealed data at load time,
+        so a bulk load ends with a reload before it is searched at full speed."""
+        for i, name in enumerate(self.names):
+            self.cl(i).flush(name)
+            self.cl(i).release_collection(name)
+            self.cl(i).load_collection(name)
+
+    # -- writes -----------------------------------------------------------------------------------------------
+    def upsert(self, rows: Sequence[IndexRow]) -> int:
+        """Upsert rows into their shards (keyed by sha256: idempotent). Returns rows written."""
+        by_shard: dict[int, dict[str, dict[str, Any]]] = {}
+        for r in rows:
+            # Last write wins inside one call too, so a batch holding the same crop twice stores it once.
+            by_shard.setdefault(shard_of(r.sha256, self.config.n_shards), {})[r.sha256] = r.to_entity()
+        n = 0
+        for shard, ents in by_shard.items():
+            res = self.cl(shard).upsert(self.names[shard], list(ents.values()))
+            n += int(res["upsert_count"])
+        return n
+
+    def _by_shard(self, ids: Iterable[str]) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for i in ids:
+            out.setdefault(shard_of(i, self.config.n_shards), []).append(i)
+        return out
+
+    def existing(self, ids: Iterable[str]) -> set[str]:
+        """The subset of ``ids`` already stored (resuming skips them, keeping their stored quality scores)."""
+        found: set[str] = set()
+        for shard, group in self._by_shard(ids).items():
+            for rec in self.cl(shard).get(self.names[shard], ids=group, output_fields=["sha256"], **self._read):
+                found.add(rec["sha256"])
+        return found
+
+    def get(self, ids: Sequence[str], with_vectors: bool = False) -> list[dict[str, Any]]:
+        fields = ["sha256", *OUTPUT_FIELDS] + (["vector"] if with_vectors else [])
+        out: list[dict[str, Any]] = []
+        for shard, group in self._by_shard(ids).items():
+            recs = self.cl(shard).get(self.names[shard], ids=group, output_fields=fields, **self._read)
+            out.extend(dict(r) for r in recs)
+        return out
+
+    def set_quality(self, scores: Mapping[str, float]) -> int:
+        """Store reranker quality scores. A crop keeps the best score any quality query gave it (max), so the
+        order in which queries run does not matter. Rewrites whole rows: partial updates are not portable
+        across Milvus Lite and server versions. Returns rows changed."""
+        rows = self.get(list(scores), with_vectors=True)
+        changed = []
+        for r in rows:
+            new = max(float(r["quality"]), float(scores[r["sha256"]]))
+            if new != float(r["quality"]):
+                r["quality"] = new
+                r["vector"] = [float(v) for v in r["vector"]]
+                changed.append(IndexRow(**{k: r[k] for k in IndexRow.__dataclass_fields__}))
+        return self.upsert(changed) if changed else 0
+
+    def flush(self) -> None:
+        for i, name in enumerate(self.names):
+            self.cl(i).flush(name)
+
+    # -- reads ------------------------------------------------------------------------------------------------
+    def counts(self) -> list[int]:
+        return [
+            int(self.cl(i).query(n, filter="", output_fields=["count(*)"], **self._read)[0]["count(*)"])
+            for i, n in enumerate(self.names)
+        ]
+
+    def count(self) -> int:
+        return sum(self.counts())
+
+    def ids(self) -> list[str]:
+        """Every stored sha256, sorted (iterates; meant for tests and small indexes)."""
+        out: list[str] = []
+        for i, name in enumerate(self.names):
+            it = self.cl(i).query_iterator(name, filter="", output_fields=["sha256"], batch_size=1000, **self._read)
+            try:
+                while batch := it.next():
+                    out.extend(r["sha256"] for r in batch)
+            finally:
+                it.close()
+        return sorted(out)
+
+    def _search_shard(self, shard: int, vectors: list[list[float]], k: int, flt: str, via: str) -> list[list[Hit]]:
+        params = dict(self.config.search_params or DEFAULT_SEARCH_PARAMS[self.config.index_type])
+        if "ef" in params:
+            params["ef"] = max(int(params["ef"]), k)  # HNSW needs ef >= k
+        res = self.cl(shard).search(
+            self.names[shard],
+            data=vectors,
+            limit=k,
+            filter=flt,
+            output_fields=OUTPUT_FIELDS,
+            search_params={"metric_type": self.config.metric, "params": params},
+            anns_field="vector",
+            **self._read,
+        )
+        out = []
+        for hits in res:
+            row = []
+            for h in hits:
+                e = h["entity"]
+                row.append(
+                    Hit(
+                        sha256=h["id"] if "id" in h else h["sha256"],
+                        score=float(h["distance"]),
+                        shard=shard,
+                        via=(via,) if via else (),
+                        **{k_: e[k_] for k_ in OUTPUT_FIELDS},
+                    )
+                )
+            out.append(row)
+        return out
+
+    def search(self, vectors: np.ndarray, k: int = 10, filter: str = "", via: str = "") -> list[list[Hit]]:
+        """Top-k per query vector over all shards: each shard returns its own top-k concurrently (any global
+        top-k item is in its shard's top-k, so the merge is exact w.r.t. the per-shard results)."""
+        vecs = np.asarray(vectors, dtype=np.float32)
+        if vecs.ndim == 1:
+            vecs = vecs[None, :]
+        if len(vecs) == 0:
+            return []
+        data = vecs.tolist()
+        for i in range(self.config.n_shards):
+            self.cl(i)  # connect and load before fanning out, not concurrently inside the threads
+        if self.config.n_shards == 1:
+            per_shard = [self._search_shard(0, data, k, filter, via)]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.config.max_workers, self.config.n_shards)) as pool:
+                futures = [
+                    pool.submit(self._search_shard, s, data, k, filter, via) for s in range(self.config.n_shards)
+                ]
+                per_shard = [f.result() for f in futures]
+        return [merge_hits((shard_res[q] for shard_res in per_shard), k) for q in range(len(data))]
+
+
+def discover_n_shards(uri: str, name: str, token: str = "") -> int:
+    """Number of ``<name>_sNN`` collections at ``uri`` (so query-side commands need no --shards). Checks that
+    they are exactly s00 … s{N-1}: a gap means a half-created or half-dropped index."""
+    from pymilvus import MilvusClient
+
+    if "{shard}" in uri:
+        raise ValueError("a per-shard URI template needs an explicit --shards")
+    client = MilvusClient(uri=uri, token=token)
+    try:
+        pat = re.compile(rf"^{re.escape(name)}_s(\d{{2,}})$")
+        found = sorted(int(m.group(1)) for c in client.list_collections() if (m := pat.match(c)))
+    finally:
+        client.close()
+    if not found:
+        raise ValueError(f"no collections named {name}_sNN at {uri}; build the index first")
+    if found != list(range(len(found))):
+        raise ValueError(f"collections {name}_s* at {uri} are not contiguous: {found}")
+    return len(found)
+
+
+# -- bulk path ---------------------------------------------------------------------------------------------------
+def write_bulk_files(
+    rows: Iterable[IndexRow], out_dir: str, n_shards: int, rows_per_file: int = 200_000
+) -> dict[int, list[str]]:
+    """Write rows as Milvus bulk-import parquet files, one set per shard (``s03-00000.parquet``): one column per
+    schema field, vectors as list<float32> (the layout pymilvus' ``LocalBulkWriter`` produces; written with
+    pyarrow directly so the ``pymilvus[bulk_writer]`` extra and its cloud SDKs are not needed).
+    Returns shard -> file paths. Rows are deduplicated by sha256 (last wins), as upsert would."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    by_shard: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_shard.setdefault(shard_of(r.sha256, n_shards), {})[r.sha256] = r.to_entity()
+    os.makedirs(out_dir, exist_ok=True)
+    out: dict[int, list[str]] = {}
+    for shard, ents in sorted(by_shard.items()):
+        items = list(ents.values())
+        for part, start in enumerate(range(0, len(items), rows_per_file)):
+            chunk = items[start : start + rows_per_file]
+            dim = len(chunk[0]["vector"])
+            table = pa.table(
+                {
+                    "sha256": pa.array([e["sha256"] for e in chunk], pa.string()),
+                    "vector": pa.array([e["vector"] for e in chunk], pa.list_(pa.float32(), dim)).cast(
+                        pa.list_(pa.float32())
+                    ),
+                    **{f: pa.array([e[f] for e in chunk], pa.string()) for f in ("caption", "context", "kind")},
+                    "doc_id": pa.array([e["doc_id"] for e in chunk], pa.string()),
+                    "page_index": pa.array([e["page_index"] for e in chunk], pa.int32()),
+                    "source": pa.array([e["source"] for e in chunk], pa.string()),
+                    "row": pa.array([e["row"] for e in chunk], pa.int64()),
+                    "quality": pa.array([e["quality"] for e in chunk], pa.float32()),
+                }
+            )
+            path = os.path.join(out_dir, f"s{shard:02d}-{part:05d}.parquet")
+            pq.write_table(table, path)
+            out.setdefault(shard, []).append(path)
+    return out
+
+
+def bulk_import(index: ShardedIndex, files_by_shard: Mapping[int, Sequence[str]], timeout_s: float = 3600) -> int:
+    """Import bulk files into their shard collections on a Milvus server/cluster and wait for completion.
+
+    File paths must be readable by the server: keys in its object-storage bucket on a cluster, absolute paths
+    under its local storage for a standalone server. Import has insert semantics (no dedupe against stored
+    rows), so it is refused on a non-empty collection: first loads go through here, re-ingests through
+    upsert(). Milvus Lite has no import service. Returns rows imported."""
+    import time
+
+    if index.config.is_lite:
+        raise NotImplementedError("Milvus Lite has no bulk import; load it with ShardedIndex.upsert (row inserts)")
+    counts = index.counts()
+    busy = [index.names[s] for s in files_by_shard if counts[s]]
+    if busy:
+        raise ValueError(f"bulk import into non-empty collections {busy} would duplicate ids; use upsert()")
+    from pymilvus import connections, utility
+
+    alias = f"scifolio-bulk-{id(index)}"
+    # The import API is only exposed through the ORM-style utility module in pymilvus 3.0.
+    connections.connect(alias=alias, uri=index.config.uri, token=index.config.token)
+    try:
+        tasks = [
+            utility.do_bulk_insert(index.names[s], files=[f], using=alias)
+            for s, files in files_by_shard.items()
+            for f in files
+        ]
+        deadline = time.monotonic() + timeout_s
+        imported = 0
+        pending = list(tasks)
+        while pending:
+            still = []
+            for tid in pending:
+                st = utility.get_bulk_insert_state(tid, using=alias)
+                if st.state_name == "Failed":
+                    raise RuntimeError(f"bulk import task {tid} failed: {st.infos.get('failed_reason')}")
+                if st.state_name == "Completed":
+                    imported += int(st.row_count)
+                else:
+                    still.append(tid)
+            pending = still
+            if pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"bulk import tasks {pending} not done after {timeout_s}s")
+                time.sleep(1.0)
+    finally:
+        connections.disconnect(alias)
+    for s in files_by_shard:  # imported segments become searchable once the collection is reloaded
+        client = index.cl(s)
+        client.release_collection(index.names[s])
+        client.load_collection(index.names[s])
+    return imported

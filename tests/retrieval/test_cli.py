@@ -1,0 +1,96 @@
+"""``scifolio index build|query|weights`` through register() on a private argparse parser."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from pipelines.cli_index import register
+
+pytestmark = pytest.mark.integration
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scifolio")
+    register(p.add_subparsers(dest="command", required=True))
+    return p.parse_args(argv)
+
+
+def test_help_mentions_every_subcommand(capsys):
+    with pytest.raises(SystemExit):
+        parse(["index", "--help"])
+    out = capsys.readouterr().out
+    assert all(w in out for w in ("build", "query", "serve", "weights"))
+
+
+@pytest.mark.slow  # Beam build + three model loads
+def test_build_query_weights(shards_dir, tiny_models, tmp_path, capsys):
+    uri = str(tmp_path / "cli.db")
+    clip = tiny_models["retrieval-clip"]
+    args = parse(
+        [
+            "index",
+            "build",
+            str(shards_dir),
+            "--uri",
+            uri,
+            "--shards",
+            "2",
+            "--embed-model",
+            clip,
+            "--batch-size",
+            "4",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ]
+    )
+    assert args.func(args) == 0
+    totals = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert totals["crops_written"] == 12 and totals["shard_files_done"] == 2
+
+    # --shards is discovered from the collections.
+    args = parse(["index", "query", "a red circle", "--uri", uri, "--embed-model", clip, "--k", "3", "--json"])
+    assert args.func(args) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["query"] == "a red circle" and len(res["results"]) == 3
+
+    args = parse(["index", "query", "--uri", uri, "--embed-model", clip])
+    assert args.func(args) == 2  # neither text nor --image
+
+    queries = tmp_path / "queries.txt"
+    queries.write_text("# quality queries\na plot of results\na red circle\n")
+    out = tmp_path / "weights.parquet"
+    args = parse(
+        [
+            "index",
+            "weights",
+            "--queries",
+            str(queries),
+            "--out",
+            str(out),
+            "--shards-dir",
+            str(shards_dir),
+            "--uri",
+            uri,
+            "--embed-model",
+            clip,
+            "--reranker",
+            tiny_models["retrieval-reranker"],
+            "--min-score",
+            "0.0",
+            "--max-weight",
+            "2.0",
+            "--k",
+            "12",
+        ]
+    )
+    assert args.func(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["queries"] == 2 and summary["scored_images"] == 12
+    from retrieval.weights import read_weights
+
+    img_w, ch_w = read_weights(out, "image"), read_weights(out, "chunk")
+    assert len(img_w) == 12 and all(1.0 <= w <= 2.0 for w in img_w.values())
+    assert len(ch_w) == 4 and all(1.0 < w <= 2.0 for w in ch_w.values())

@@ -1,0 +1,120 @@
+"""ShardedIndex against real Milvus: Milvus Lite always, the Milvus server inside a loopback-only namespace.
+Same test code for both backends (the ``index_config_factory`` fixture is parametrized)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from retrieval_fakes import HashEmbedder
+
+from retrieval.crops import iter_crops, list_shards
+from retrieval.index import UNSCORED, IndexRow, ShardedIndex, shard_of
+
+pytestmark = pytest.mark.integration
+
+
+def rows_from(shards_dir, emb: HashEmbedder) -> list[IndexRow]:
+    crops = [c for p in list_shards(shards_dir) for c in iter_crops(p, root=shards_dir)]
+    vecs = emb.encode_images([c.png for c in crops])
+    return [
+        IndexRow(
+            sha256=c.sha256,
+            vector=v,
+            context=c.context,
+            kind=c.kind,
+            doc_id=c.doc_id,
+            page_index=c.page_index,
+            source=c.source,
+            row=c.row,
+        )
+        for c, v in zip(crops, vecs)
+    ]
+
+
+def test_upsert_routes_by_sha_and_is_idempotent(index_config_factory, shards_dir):
+    emb = HashEmbedder(16)
+    rows = rows_from(shards_dir, emb)
+    with ShardedIndex(index_config_factory(n_shards=3)) as ix:
+        ix.ensure(emb.dim)
+        assert ix.upsert(rows) == 12
+        first_ids, first_counts = ix.ids(), ix.counts()
+        ix.upsert(rows)  # re-ingest: nothing changes
+        ix.ensure(emb.dim)  # and a second ensure() is a no-op
+        assert ix.ids() == first_ids == sorted(r.sha256 for r in rows)
+        assert ix.counts() == first_counts and ix.count() == 12
+        expected = [0, 0, 0]
+        for r in rows:
+            expected[shard_of(r.sha256, 3)] += 1
+        assert first_counts == expected
+        with pytest.raises(ValueError, match="16-d"):
+            ix.ensure(32)
+
+
+def test_fanout_search_finds_each_crop_first_with_provenance(index_config_factory, shards_dir):
+    emb = HashEmbedder(16)
+    rows = rows_from(shards_dir, emb)
+    with ShardedIndex(index_config_factory(n_shards=4, index_type="HNSW")) as ix:
+        ix.ensure(emb.dim)
+        ix.upsert(rows)
+        results = ix.search(np.stack([r.vector for r in rows]), k=5)
+        assert len(results) == len(rows)
+        for r, hits in zip(rows, results):
+            assert hits[0].sha256 == r.sha256 and hits[0].score == pytest.approx(1.0, abs=1e-4)
+            assert hits[0].shard == shard_of(r.sha256, 4)
+            assert (hits[0].doc_id, hits[0].source, hits[0].row, hits[0].page_index) == (
+                r.doc_id,
+                r.source,
+                r.row,
+                r.page_index,
+            )
+            assert "[IMAGE]" in hits[0].context and hits[0].quality == UNSCORED
+            assert len({h.sha256 for h in hits}) == len(hits) == 5
+            assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        # Exactness of the fan-out on a tiny index: identical to brute force over all rows.
+        q = emb.encode_texts(["query"])[0]
+        brute = sorted(rows, key=lambda r: -float(np.dot(q, r.vector)))[:5]
+        assert [h.sha256 for h in ix.search(q, k=5)[0]] == [r.sha256 for r in brute]
+
+
+def test_quality_scores_are_stored_as_max(index_config_factory, shards_dir):
+    emb = HashEmbedder(16)
+    rows = rows_from(shards_dir, emb)[:4]
+    with ShardedIndex(index_config_factory(n_shards=2, index_type="IVF_SQ8", build_params={"nlist": 4})) as ix:
+        ix.ensure(emb.dim)
+        ix.upsert(rows)
+        a, b = rows[0].sha256, rows[1].sha256
+        assert ix.set_quality({a: 0.7, b: 0.2}) == 2
+        assert ix.set_quality({a: 0.4}) == 0  # lower than stored: kept
+        got = {r["sha256"]: r["quality"] for r in ix.get([a, b, rows[2].sha256])}
+        assert got[a] == pytest.approx(0.7) and got[b] == pytest.approx(0.2) and got[rows[2].sha256] == UNSCORED
+        assert ix.existing([a, "f" * 64]) == {a}
+        assert ix.count() == 4  # updates rewrote rows, never duplicated them
+
+
+def test_bulk_files_roundtrip_and_import(index_config_factory, shards_dir, tmp_path):
+    import pyarrow.parquet as pq
+
+    from retrieval.index import bulk_import, write_bulk_files
+
+    emb = HashEmbedder(16)
+    rows = rows_from(shards_dir, emb)
+    cfg = index_config_factory(n_shards=2)
+    files = write_bulk_files(rows + rows[:3], str(tmp_path / "bulk"), n_shards=2, rows_per_file=4)
+    tables = [pq.read_table(f) for fs in files.values() for f in fs]
+    assert sum(t.num_rows for t in tables) == 12  # duplicates folded
+    assert all(set(t.column("sha256").to_pylist()) for t in tables)
+    for shard, fs in files.items():
+        for f in fs:
+            assert all(shard_of(s, 2) == shard for s in pq.read_table(f).column("sha256").to_pylist())
+    with ShardedIndex(cfg) as ix:
+        ix.ensure(emb.dim)
+        if cfg.is_lite:
+            with pytest.raises(NotImplementedError, match="Lite"):
+                bulk_import(ix, files)
+            return
+        assert bulk_import(ix, files, timeout_s=120) == 12
+        assert ix.ids() == sorted(r.sha256 for r in rows)
+        hit = ix.search(np.asarray(rows[5].vector), k=1)[0][0]
+        assert hit.sha256 == rows[5].sha256 and hit.source == rows[5].source
+        with pytest.raises(ValueError, match="non-empty"):
+            bulk_import(ix, files)
