@@ -16,7 +16,7 @@ install: system-deps
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[all]'
+	$(BIN)/pip install -q -e '.[all]' -c constraints.txt
 	$(BIN)/pip check
 
 # Browser tests drive Debian's Chromium; the loopback-only test namespace needs iproute2's `ip`.

@@ -46,15 +46,18 @@ def bare_mineru(paths: list[Path]) -> float:
 
 
 def build(paths_dir: Path, tokenizer: str, workers: int) -> float:
+    from parsing import ParseConfig
     from pipelines.build import BuildConfig
     from pipelines.corpus import run
-    from parsing import ParseConfig
 
     out = Path(tempfile.mkdtemp(prefix="bench-build-"))
     try:
         config = BuildConfig(tokenizer=tokenizer, parse=ParseConfig(backend="mineru", tier="flash"))
-        beam_args = (["--direct_running_mode=in_memory", "--direct_num_workers=1"] if workers == 1 else
-                     ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"])
+        beam_args = (
+            ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+            if workers == 1
+            else ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
+        )
         t0 = time.perf_counter()
         manifest = run([str(paths_dir)], str(out), config, beam_args, progress=False)
         elapsed = time.perf_counter() - t0
@@ -90,9 +93,11 @@ def main() -> int:
     n = max(1, os.cpu_count() or 1)
     t_buildn = build(pdf_dir, tokenizer, workers=n) if n > 1 else t_build1
 
-    rows = [("bare MinerU flash parse loop (1 process)", t_bare),
-            ("scifolio build, 1 Beam worker", t_build1),
-            (f"scifolio build, {n} Beam workers (default)", t_buildn)]
+    rows = [
+        ("bare MinerU flash parse loop (1 process)", t_bare),
+        ("scifolio build, 1 Beam worker", t_build1),
+        (f"scifolio build, {n} Beam workers (default)", t_buildn),
+    ]
     for name, t in rows:
         print(f"{name:<45} {t:8.2f} s  {pages / t:7.2f} pages/s")
     print(f"ratio build(1 worker) / bare = {t_bare / t_build1:.2f}x   (target >= 0.8x)")

@@ -76,7 +76,12 @@ def fused_padded(chunks: list[dict[str, torch.Tensor]], n_tokens: int, block: in
             sl = slice(s, s + block)
             shaped = shape(c["rewards"][sl], c["beh"][sl], c["mask"][sl], config=cfg)
             loss, _, _ = policy_loss_and_grad(
-                c["logp"][sl], c["beh"][sl], shaped.advantages, c["mask"][sl], clip=CLIP, n_tokens=n_tokens,
+                c["logp"][sl],
+                c["beh"][sl],
+                shaped.advantages,
+                c["mask"][sl],
+                clip=CLIP,
+                n_tokens=n_tokens,
                 grad_out=grad[sl],
             )
             total += loss.item()
@@ -92,12 +97,14 @@ def pack(c: dict[str, torch.Tensor], block: int) -> list[dict[str, torch.Tensor]
     out = []
     for s in range(0, c["rewards"].shape[0], block):
         m = c["mask"][s : s + block]
-        out.append({
-            "rewards": c["rewards"][s : s + block],
-            "lengths": torch.count_nonzero(m, dim=-1),
-            "logp": c["logp"][s : s + block][m].contiguous(),
-            "beh": c["beh"][s : s + block][m].contiguous(),
-        })
+        out.append(
+            {
+                "rewards": c["rewards"][s : s + block],
+                "lengths": torch.count_nonzero(m, dim=-1),
+                "logp": c["logp"][s : s + block][m].contiguous(),
+                "beh": c["beh"][s : s + block][m].contiguous(),
+            }
+        )
     return out
 
 
@@ -217,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
                     max_grad = max(max_grad, ref.abs().max().item())
         rel_loss_err = abs(py_loss - sub_loss) / max(abs(py_loss), 1e-30)
         rel_grad_err = max_grad_err / max(max_grad, 1e-30)
-        print(f"agreement with Python on {nb} groups, {name}: loss rel. err {rel_loss_err:.2e}, "
-              f"gradient max rel. err {rel_grad_err:.2e}")
+        print(
+            f"agreement with Python on {nb} groups, {name}: loss rel. err {rel_loss_err:.2e}, "
+            f"gradient max rel. err {rel_grad_err:.2e}"
+        )
         if rel_loss_err > 1e-4 or rel_grad_err > 1e-4:
             print(f"MISMATCH between {name} and Python paths")
             return 1
@@ -234,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     paths = {
         f"autograd, padded [B,G,T], {args.chunk_groups}-group chunks (old)": lambda: vectorised(chunks, n_tokens),
-        f"fused closed-form, padded, {args.block_groups}-group blocks": lambda: fused_padded(chunks, n_tokens, args.block_groups),
+        f"fused closed-form, padded, {args.block_groups}-group blocks": lambda: fused_padded(
+            chunks, n_tokens, args.block_groups
+        ),
         f"fused closed-form, packed, {args.block_groups}-group blocks": lambda: fused_packed(packed, n_tokens),
     }
     results = []
@@ -246,10 +257,14 @@ def main(argv: list[str] | None = None) -> int:
             best = min(best, time.perf_counter() - t0)
         results.append((name, best, loss))
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-    print(f"timings ({args.threads} threads, best of {args.repeats}; packing padded->packed took {pack_s:.2f} s, untimed):")
+    print(
+        f"timings ({args.threads} threads, best of {args.repeats}; packing padded->packed took {pack_s:.2f} s, untimed):"
+    )
     for name, best, loss in results:
-        print(f"  {name:<58} {best:6.2f} s ({n_tokens / best / 1e6:6.1f}M tok/s)  loss {loss:.6f}  "
-              f"speed-up vs Python {py_full / best:6.1f}x")
+        print(
+            f"  {name:<58} {best:6.2f} s ({n_tokens / best / 1e6:6.1f}M tok/s)  loss {loss:.6f}  "
+            f"speed-up vs Python {py_full / best:6.1f}x"
+        )
     print(f"(peak RSS {peak_gb:.2f} GB)")
     return 0
 

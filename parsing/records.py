@@ -60,8 +60,11 @@ class Crop:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Crop:
         return cls(
-            sha256=row["sha256"], png=bytes(row["png"]), width=int(row["width"]),
-            height=int(row["height"]), dpi=int(row["dpi"]),
+            sha256=row["sha256"],
+            png=bytes(row["png"]),
+            width=int(row["width"]),
+            height=int(row["height"]),
+            dpi=int(row["dpi"]),
         )
 
 
@@ -131,7 +134,9 @@ class Document:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Document:
-        return cls(doc_id=row["doc_id"], source=row["source"], n_pages=int(row["n_pages"]), meta=_loads(row.get("meta")))
+        return cls(
+            doc_id=row["doc_id"], source=row["source"], n_pages=int(row["n_pages"]), meta=_loads(row.get("meta"))
+        )
 
 
 @dataclass(frozen=True)

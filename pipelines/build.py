@@ -134,8 +134,9 @@ class DocumentBuilder:
         if document is None or doc_level:
             # Rejected at open, or failed as a whole (e.g. a document timeout): nothing of it is kept,
             # and it is accounted for once, by its document-level dead letter.
-            return DocResult(doc_id, source, [], doc_level or [Dropped(doc_id, "open", "unparsed", {"source": source})],
-                             dict(stats))
+            return DocResult(
+                doc_id, source, [], doc_level or [Dropped(doc_id, "open", "unparsed", {"source": source})], dict(stats)
+            )
         stats["documents"] = 1
         stats["pages"] = document.n_pages
         stats["pages_parsed"] = len(pages)
@@ -152,8 +153,9 @@ class DocumentBuilder:
         segments = interleave_document(pages, self.tokenizer, self.config.image_tokens)
         chunks = chunk_document(segments, self.config.max_tokens, self.config.overlap)
         if not chunks:
-            dropped.append(Dropped(doc_id, "interleave", "empty_document",
-                                   {"source": source, "pages_kept": len(pages)}))
+            dropped.append(
+                Dropped(doc_id, "interleave", "empty_document", {"source": source, "pages_kept": len(pages)})
+            )
             stats["documents"] = 0
             return DocResult(doc_id, source, [], dropped, dict(stats), layout)
 
@@ -167,7 +169,11 @@ class DocumentBuilder:
                 if (r := by_page[i].render) is not None
             ]
             info = [
-                {"page_index": i, "parser": by_page[i].parser, "scores": json.dumps(dict(by_page[i].scores), default=str)}
+                {
+                    "page_index": i,
+                    "parser": by_page[i].parser,
+                    "scores": json.dumps(dict(by_page[i].scores), default=str),
+                }
                 for i in touched
             ]
             row = ChunkRow(
@@ -177,8 +183,14 @@ class DocumentBuilder:
                 images=c.images,
                 page_renders=tuple(renders),
                 pages=tuple(info),
-                meta={"source": source, "start": c.start, "end": c.end, "overlap": c.overlap,
-                      "n_chunks": len(chunks), "doc_meta": dict(document.meta)},
+                meta={
+                    "source": source,
+                    "start": c.start,
+                    "end": c.end,
+                    "overlap": c.overlap,
+                    "n_chunks": len(chunks),
+                    "doc_meta": dict(document.meta),
+                },
             )
             rows.append(row.to_row())
         stats["chunks"] = len(rows)
@@ -190,8 +202,13 @@ class DocumentBuilder:
 def page_layout(page: Page) -> dict[str, Any]:
     """The boxes of a parsed page, kept beside the results for ``scifolio report``."""
     return {
-        "page_index": page.page_index, "width": page.width, "height": page.height, "parser": page.parser,
-        "blocks": [{"kind": b.kind, "bbox": list(b.bbox), "crop": b.crop.sha256 if b.crop else None} for b in page.blocks],
+        "page_index": page.page_index,
+        "width": page.width,
+        "height": page.height,
+        "parser": page.parser,
+        "blocks": [
+            {"kind": b.kind, "bbox": list(b.bbox), "crop": b.crop.sha256 if b.crop else None} for b in page.blocks
+        ],
     }
 
 
@@ -219,10 +236,19 @@ class WorkStore:
         base.parent.mkdir(parents=True, exist_ok=True)
         if result.rows:
             _atomic_write_table(base.with_suffix(".parquet"), pa.Table.from_pylist(result.rows, schema=SHARD_SCHEMA))
-        _atomic_write_text(base.with_suffix(".dropped.jsonl"), "".join(json.dumps(d.to_row()) + "\n" for d in result.dropped))
-        _atomic_write_text(base.with_suffix(".layout.json"), json.dumps({"source": result.source, "pages": result.layout}))
-        summary = {"doc_id": result.doc_id, "source": result.source, "n_chunks": len(result.rows),
-                   "stats": result.stats, "finished_at": time.time()}
+        _atomic_write_text(
+            base.with_suffix(".dropped.jsonl"), "".join(json.dumps(d.to_row()) + "\n" for d in result.dropped)
+        )
+        _atomic_write_text(
+            base.with_suffix(".layout.json"), json.dumps({"source": result.source, "pages": result.layout})
+        )
+        summary = {
+            "doc_id": result.doc_id,
+            "source": result.source,
+            "n_chunks": len(result.rows),
+            "stats": result.stats,
+            "finished_at": time.time(),
+        }
         _atomic_write_text(base.with_suffix(".done"), json.dumps(summary))
         return summary
 
@@ -261,7 +287,9 @@ def shard_name(index: int, n_shards: int) -> str:
     return f"shard-{index:05d}-of-{n_shards:05d}.parquet"
 
 
-def write_shard_from_docs(store: WorkStore, out_dir: Path, index: int, n_shards: int, doc_ids: Iterable[str]) -> dict[str, Any]:
+def write_shard_from_docs(
+    store: WorkStore, out_dir: Path, index: int, n_shards: int, doc_ids: Iterable[str]
+) -> dict[str, Any]:
     """Stream the finished documents of one shard, sorted by doc_id, into one parquet file (atomic)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / shard_name(index, n_shards)
@@ -275,7 +303,13 @@ def write_shard_from_docs(store: WorkStore, out_dir: Path, index: int, n_shards:
             rows += table.num_rows
             tokens += int(pc.sum(table["n_tokens"]).as_py() or 0)
     os.replace(tmp, path)
-    return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": file_sha256(path), "bytes": path.stat().st_size}
+    return {
+        "file": path.name,
+        "rows": rows,
+        "tokens": tokens,
+        "sha256": file_sha256(path),
+        "bytes": path.stat().st_size,
+    }
 
 
 def write_quarantine(out_dir: Path, stage: str, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:

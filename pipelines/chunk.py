@@ -40,7 +40,9 @@ class Chunk:
         return self.end - self.start
 
 
-def chunk_bounds(seg_lengths: Sequence[int], image_mask: Sequence[bool], max_tokens: int, overlap: int) -> list[tuple[int, int]]:
+def chunk_bounds(
+    seg_lengths: Sequence[int], image_mask: Sequence[bool], max_tokens: int, overlap: int
+) -> list[tuple[int, int]]:
     """Chunk [start, end) token intervals for a document given per-segment lengths and which are images."""
     if max_tokens <= 0 or overlap < 0 or overlap >= max_tokens:
         raise ValueError(f"need 0 <= overlap < max_tokens, got overlap={overlap}, max_tokens={max_tokens}")
@@ -51,7 +53,9 @@ def chunk_bounds(seg_lengths: Sequence[int], image_mask: Sequence[bool], max_tok
     images = [(starts[i], starts[i + 1]) for i, is_img in enumerate(image_mask) if is_img and seg_lengths[i] > 0]
     for a, b in images:
         if b - a > max_tokens:
-            raise ValueError(f"an image of {b - a} tokens cannot fit a chunk of {max_tokens}; lower the image token cap")
+            raise ValueError(
+                f"an image of {b - a} tokens cannot fit a chunk of {max_tokens}; lower the image token cap"
+            )
     img_starts = [a for a, _ in images]
 
     def inside_image(pos: int) -> tuple[int, int] | None:

@@ -188,7 +188,11 @@ class WriteShard(beam.DoFn):
 
 
 def build_pipeline(
-    p: beam.Pipeline, inputs: Sequence[str], config: BuildConfig, out: str, parser_version: str,
+    p: beam.Pipeline,
+    inputs: Sequence[str],
+    config: BuildConfig,
+    out: str,
+    parser_version: str,
     progress_total: int | None = None,
 ) -> dict[str, beam.PCollection]:
     paths = JobPaths(out)
@@ -231,8 +235,10 @@ def build_pipeline(
         processed.docs
         | "AssignShard"
         >> beam.Map(
-            lambda doc_id, n: ((shard_of(doc_id, n_shards_for(n, config.docs_per_shard)),
-                                n_shards_for(n, config.docs_per_shard)), doc_id),
+            lambda doc_id, n: (
+                (shard_of(doc_id, n_shards_for(n, config.docs_per_shard)), n_shards_for(n, config.docs_per_shard)),
+                doc_id,
+            ),
             n=beam.pvalue.AsSingleton(n_docs),
         )
         | "ByShard" >> beam.GroupByKey()
@@ -247,7 +253,10 @@ def build_pipeline(
         | "WriteQuarantine" >> beam.MapTuple(lambda stage, rows: write_quarantine(paths.quarantine, stage, rows))
     )
     collected = (
-        (entries | "TagShards" >> beam.Map(lambda e: ("shard", e)), dropped | "TagQ" >> beam.Map(lambda e: ("quarantine", e)))
+        (
+            entries | "TagShards" >> beam.Map(lambda e: ("shard", e)),
+            dropped | "TagQ" >> beam.Map(lambda e: ("quarantine", e)),
+        )
         | "FlattenOut" >> beam.Flatten()
         | "Collect" >> beam.combiners.ToList()
         | "WriteParts" >> beam.Map(_write_parts, out=out)
@@ -300,14 +309,22 @@ def run(
         c.key.metric.name: c.committed if c.committed is not None else c.attempted
         for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
     }
-    manifest = write_manifest(out, config, graph["config_hash"], PARSER_VERSION, available_backends(),
-                              counters, n_inputs, inputs, elapsed)
+    manifest = write_manifest(
+        out, config, graph["config_hash"], PARSER_VERSION, available_backends(), counters, n_inputs, inputs, elapsed
+    )
     return manifest
 
 
 def write_manifest(
-    out: str, config: BuildConfig, config_hash: str, parser_version: str, backends: dict[str, str],
-    counters: dict[str, int], n_inputs: int | None, inputs: Sequence[str], elapsed_s: float,
+    out: str,
+    config: BuildConfig,
+    config_hash: str,
+    parser_version: str,
+    backends: dict[str, str],
+    counters: dict[str, int],
+    n_inputs: int | None,
+    inputs: Sequence[str],
+    elapsed_s: float,
 ) -> dict[str, Any]:
     paths = JobPaths(out)
     parts = json.loads((Path(out) / "_work" / "parts.json").read_text())

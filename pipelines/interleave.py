@@ -69,8 +69,13 @@ def page_segments(pages: Iterable[Page]) -> list[RawSegment]:
                 RawSegment(
                     "image",
                     page.page_index,
-                    image={"sha256": crop.sha256, "png": crop.png, "width": crop.width, "height": crop.height,
-                           "kind": block.kind},
+                    image={
+                        "sha256": crop.sha256,
+                        "png": crop.png,
+                        "width": crop.width,
+                        "height": crop.height,
+                        "kind": block.kind,
+                    },
                 )
             )
         if texts:

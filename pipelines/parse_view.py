@@ -55,11 +55,21 @@ def list_inputs(inputs: Sequence[str]) -> list[str]:
 def page_rows(page: Page) -> list[dict[str, Any]]:
     return [
         {
-            "doc_id": page.doc_id, "source": page.source, "page_index": page.page_index,
-            "reading_order": b.reading_order, "kind": b.kind,
-            "x0": b.bbox[0], "y0": b.bbox[1], "x1": b.bbox[2], "y1": b.bbox[3],
-            "text": b.text, "latex": b.latex, "html": b.html,
-            "crop_sha256": b.crop.sha256 if b.crop else None, "caption_of": b.caption_of, "backend": page.parser,
+            "doc_id": page.doc_id,
+            "source": page.source,
+            "page_index": page.page_index,
+            "reading_order": b.reading_order,
+            "kind": b.kind,
+            "x0": b.bbox[0],
+            "y0": b.bbox[1],
+            "x1": b.bbox[2],
+            "y1": b.bbox[3],
+            "text": b.text,
+            "latex": b.latex,
+            "html": b.html,
+            "crop_sha256": b.crop.sha256 if b.crop else None,
+            "caption_of": b.caption_of,
+            "backend": page.parser,
         }
         for b in page.blocks
     ]

@@ -22,14 +22,29 @@ import pyarrow.parquet as pq
 from pipelines.build import iter_quarantine
 
 KIND_COLOURS = {
-    "figure": (220, 50, 47), "table": (38, 139, 210), "equation": (133, 153, 0), "caption": (211, 54, 130),
-    "title": (181, 137, 0), "text": (120, 120, 120), "header": (160, 160, 160), "footer": (160, 160, 160),
-    "page_number": (160, 160, 160), "list": (42, 161, 152), "code": (108, 113, 196), "other": (203, 75, 22),
+    "figure": (220, 50, 47),
+    "table": (38, 139, 210),
+    "equation": (133, 153, 0),
+    "caption": (211, 54, 130),
+    "title": (181, 137, 0),
+    "text": (120, 120, 120),
+    "header": (160, 160, 160),
+    "footer": (160, 160, 160),
+    "page_number": (160, 160, 160),
+    "list": (42, 161, 152),
+    "code": (108, 113, 196),
+    "other": (203, 75, 22),
 }
 
 
-def svg_histogram(values: Sequence[float], bins: int = 20, width: int = 520, height: int = 180,
-                  label: str = "", marker: float | None = None) -> str:
+def svg_histogram(
+    values: Sequence[float],
+    bins: int = 20,
+    width: int = 520,
+    height: int = 180,
+    label: str = "",
+    marker: float | None = None,
+) -> str:
     """A dependency-free SVG histogram (with an optional vertical marker, e.g. a threshold)."""
     if not values:
         return "<p><em>no data</em></p>"
@@ -97,15 +112,25 @@ def write_report(out: Path, pages_with_boxes: int = 6, thumbs_per_kind: int = 8)
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path} not found: run `scifolio build ... --out {out}` first")
     manifest = json.loads(manifest_path.read_text())
-    parts: list[str] = [f"<h1>scifolio build report</h1><p>{html.escape(str(out.resolve()))} · "
-                        f"config {manifest['config_hash']} · parser {html.escape(manifest['parser_version'])}</p>"]
+    parts: list[str] = [
+        f"<h1>scifolio build report</h1><p>{html.escape(str(out.resolve()))} · "
+        f"config {manifest['config_hash']} · parser {html.escape(manifest['parser_version'])}</p>"
+    ]
 
     totals = manifest["totals"]
-    parts.append("<h2>Counts</h2><table>" + "".join(
-        f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in totals.items()) + "</table>")
-    parts.append("<h2>Dropped, by stage and reason</h2><table>" + ("".join(
-        f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in manifest["dropped_by_reason"].items())
-        or "<tr><td>nothing dropped</td></tr>") + "</table>")
+    parts.append(
+        "<h2>Counts</h2><table>"
+        + "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in totals.items())
+        + "</table>"
+    )
+    parts.append(
+        "<h2>Dropped, by stage and reason</h2><table>"
+        + (
+            "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in manifest["dropped_by_reason"].items())
+            or "<tr><td>nothing dropped</td></tr>"
+        )
+        + "</table>"
+    )
 
     # tokens per chunk and crop thumbnails, streamed from the shards
     tokens: list[float] = []
@@ -127,14 +152,22 @@ def write_report(out: Path, pages_with_boxes: int = 6, thumbs_per_kind: int = 8)
     if delta_h:
         parts.append("<h2>Visual gain: ΔH (nats/token) per domain</h2>")
         for domain, values in sorted(delta_h.items()):
-            thr = next((t for _, _, r in near if r.get("domain") == domain and (t := r.get("threshold")) is not None), None)
+            thr = next(
+                (t for _, _, r in near if r.get("domain") == domain and (t := r.get("threshold")) is not None), None
+            )
             parts.append(f"<h3>{html.escape(domain)}</h3>" + svg_histogram(values, label=domain, marker=thr))
         near.sort(key=lambda x: x[0])
-        parts.append("<h3>Pages nearest their threshold</h3><table><tr><th>page</th><th>domain</th><th>ΔH</th>"
-                     "<th>threshold</th><th>kept</th></tr>" + "".join(
-                         f"<tr><td>{html.escape(pid)}</td><td>{html.escape(str(r.get('domain')))}</td>"
-                         f"<td>{r.get('delta_h_nats', float('nan')):.4f}</td><td>{r.get('threshold')}</td>"
-                         f"<td>{r.get('kept')}</td></tr>" for _, pid, r in near[:20]) + "</table>")
+        parts.append(
+            "<h3>Pages nearest their threshold</h3><table><tr><th>page</th><th>domain</th><th>ΔH</th>"
+            "<th>threshold</th><th>kept</th></tr>"
+            + "".join(
+                f"<tr><td>{html.escape(pid)}</td><td>{html.escape(str(r.get('domain')))}</td>"
+                f"<td>{r.get('delta_h_nats', float('nan')):.4f}</td><td>{r.get('threshold')}</td>"
+                f"<td>{r.get('kept')}</td></tr>"
+                for _, pid, r in near[:20]
+            )
+            + "</table>"
+        )
 
     parts.append("<h2>Pages with their layout boxes</h2><div class=grid>")
     drawn = 0
@@ -149,17 +182,21 @@ def write_report(out: Path, pages_with_boxes: int = 6, thumbs_per_kind: int = 8)
             png = _draw_page(layout["source"], page)
             if png is None:
                 continue
-            parts.append(f"<figure>{_img_tag(png, 420)}<figcaption>{html.escape(Path(layout['source']).name)} "
-                         f"p.{page['page_index']} ({html.escape(page['parser'])})</figcaption></figure>")
+            parts.append(
+                f"<figure>{_img_tag(png, 420)}<figcaption>{html.escape(Path(layout['source']).name)} "
+                f"p.{page['page_index']} ({html.escape(page['parser'])})</figcaption></figure>"
+            )
             drawn += 1
     parts.append("</div>")
     legend = " ".join(f'<span style="color:rgb{c}">■ {k}</span>' for k, c in KIND_COLOURS.items())
     parts.append(f"<p>{legend}</p>")
 
-    doc = ("<!doctype html><html><head><meta charset=utf-8><title>scifolio report</title><style>"
-           "body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}"
-           "td,th{border:1px solid #ddd;padding:2px 8px;text-align:left}.grid{display:flex;flex-wrap:wrap;gap:8px}"
-           "figure{margin:0}</style></head><body>" + "".join(parts) + "</body></html>")
+    doc = (
+        "<!doctype html><html><head><meta charset=utf-8><title>scifolio report</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ddd;padding:2px 8px;text-align:left}.grid{display:flex;flex-wrap:wrap;gap:8px}"
+        "figure{margin:0}</style></head><body>" + "".join(parts) + "</body></html>"
+    )
     path = out / "report.html"
     path.write_text(doc)
     return path

@@ -164,7 +164,9 @@ def file_sha256(path: str | os.PathLike[str], bufsize: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def write_shard(path: str | os.PathLike[str], rows: Iterable[Mapping[str, Any]], row_group_size: int = 64) -> dict[str, Any]:
+def write_shard(
+    path: str | os.PathLike[str], rows: Iterable[Mapping[str, Any]], row_group_size: int = 64
+) -> dict[str, Any]:
     """Write rows to ``path`` atomically (tmp file + rename) and return its manifest entry."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

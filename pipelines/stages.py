@@ -34,8 +34,11 @@ def visual_gain_config(args: argparse.Namespace) -> VisualGainSlot | None:
     from visual_gain.scorer import VisualGainConfig
 
     return VisualGainSlot(
-        scorer=VisualGainConfig(model=args.visual_gain_model, batch_size=args.visual_gain_batch,
-                                local_files_only=os.path.isdir(args.visual_gain_model)),
+        scorer=VisualGainConfig(
+            model=args.visual_gain_model,
+            batch_size=args.visual_gain_batch,
+            local_files_only=os.path.isdir(args.visual_gain_model),
+        ),
         thresholds_path=args.thresholds,
         export_dir=os.path.join(args.out, "visual_gain"),
     )

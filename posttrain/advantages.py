@@ -220,7 +220,9 @@ def segment_sums(values: Tensor, lengths: Tensor) -> Tensor:
     given ``lengths`` (any shape; flattened, 0 allowed). Returns ``lengths.shape`` (0 for empty)."""
     flat = lengths.reshape(-1)
     if values.dim() != 1 or values.numel() != int(flat.sum()):
-        raise ValueError(f"packed values ({tuple(values.shape)}) must be 1-D with sum(lengths)={int(flat.sum())} entries")
+        raise ValueError(
+            f"packed values ({tuple(values.shape)}) must be 1-D with sum(lengths)={int(flat.sum())} entries"
+        )
     return torch.segment_reduce(values, "sum", lengths=flat).view(lengths.shape)
 
 

@@ -231,8 +231,15 @@ class PolicyLossFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logprobs, behaviour_logprobs, advantages, mask_or_lengths, keep_mask, clip, n_tokens, packed):  # noqa: ANN001, ANN205
         fn = packed_policy_loss_and_grad if packed else policy_loss_and_grad
-        loss, grad, stats = fn(logprobs.detach(), behaviour_logprobs.detach(), advantages.detach(),
-                               mask_or_lengths, keep_mask, clip, n_tokens)
+        loss, grad, stats = fn(
+            logprobs.detach(),
+            behaviour_logprobs.detach(),
+            advantages.detach(),
+            mask_or_lengths,
+            keep_mask,
+            clip,
+            n_tokens,
+        )
         ctx.save_for_backward(grad)
         ctx.stats = stats
         return loss
@@ -262,7 +269,9 @@ def fused_policy_loss(
         fn = packed_policy_loss_and_grad if packed else policy_loss_and_grad
         loss, _, stats = fn(logprobs, behaviour_logprobs, advantages, response_mask, keep_mask, clip, n_tokens)
         return loss, stats
-    loss = PolicyLossFn.apply(logprobs, behaviour_logprobs, advantages, response_mask, keep_mask, clip, n_tokens, packed)
+    loss = PolicyLossFn.apply(
+        logprobs, behaviour_logprobs, advantages, response_mask, keep_mask, clip, n_tokens, packed
+    )
     return loss, loss.grad_fn.stats  # grad_fn is the Function's ctx
 
 

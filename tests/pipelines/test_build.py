@@ -30,7 +30,9 @@ def _doc(data: bytes, n_pages: int = 2) -> tuple[Document, list[Page]]:
         blocks = (
             Block("header", (0, 0, 600, 20), "Journal of Tests", reading_order=0),
             Block("title", (50, 40, 550, 60), f"Section {i}", reading_order=1),
-            Block("text", (50, 70, 550, 200), f"Paragraph one of page {i}. The rate constant k = 3.2.", reading_order=2),
+            Block(
+                "text", (50, 70, 550, 200), f"Paragraph one of page {i}. The rate constant k = 3.2.", reading_order=2
+            ),
             Block("figure", (50, 210, 550, 400), "", reading_order=3, crop=_png(140, 84, 10 * i)),
             Block("caption", (50, 405, 550, 420), f"Figure {i}: spectra.", reading_order=4, caption_of=3),
             Block("equation", (100, 430, 500, 460), "E = mc^2", reading_order=5, latex="E=mc^2", crop=None),
@@ -54,8 +56,9 @@ def test_page_segments_reading_order_furniture_and_captions():
 def test_builder_rows_round_trip_and_image_bytes(tiny_tokenizer):
     data = b"%PDF-fake-1"
     document, pages = _doc(data, 3)
-    builder = DocumentBuilder(BuildConfig(tokenizer=tiny_tokenizer, max_tokens=64, overlap=8,
-                                          image_tokens=ImageTokenRule(max_tokens=32)))
+    builder = DocumentBuilder(
+        BuildConfig(tokenizer=tiny_tokenizer, max_tokens=64, overlap=8, image_tokens=ImageTokenRule(max_tokens=32))
+    )
     result = builder.build(data, "mem://x.pdf", [document, *pages, Dropped(f"{document.doc_id}:9", "parse", "timeout")])
     assert result.rows and result.stats["chunks"] == len(result.rows)
     assert [d.reason for d in result.dropped] == ["timeout"]
@@ -90,8 +93,9 @@ def test_builder_open_failure_and_empty_document(tiny_tokenizer):
 
 
 def test_work_store_and_deterministic_shards(tmp_path: Path, tiny_tokenizer):
-    builder = DocumentBuilder(BuildConfig(tokenizer=tiny_tokenizer, max_tokens=64, overlap=8,
-                                          image_tokens=ImageTokenRule(max_tokens=32)))
+    builder = DocumentBuilder(
+        BuildConfig(tokenizer=tiny_tokenizer, max_tokens=64, overlap=8, image_tokens=ImageTokenRule(max_tokens=32))
+    )
     store = WorkStore(tmp_path / "work")
     ids = []
     for i in range(5):

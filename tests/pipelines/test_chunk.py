@@ -77,10 +77,7 @@ def test_chunk_properties(spec, cap, overlap_frac):
             assert c.overlap == prev.end - c.start
             assert c.start > prev.start  # progress
             # exact overlap unless an image straddles the overlap point or no overlap was possible
-            straddled = any(
-                a < prev.end - overlap < a + n
-                for a, n in _image_spans(spec)
-            )
+            straddled = any(a < prev.end - overlap < a + n for a, n in _image_spans(spec))
             if not straddled and prev.end - overlap > prev.start:
                 assert c.overlap == overlap
             assert whole[c.start : prev.end] == units[: c.overlap]

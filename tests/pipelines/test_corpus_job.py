@@ -28,8 +28,13 @@ def _config(tokenizer: str, backend: str = "pymupdf"):
     from parsing import ParseConfig
     from pipelines.build import BuildConfig
 
-    return BuildConfig(tokenizer=tokenizer, max_tokens=512, overlap=32, docs_per_shard=2,
-                       parse=ParseConfig(backend=backend, page_timeout_s=60, doc_timeout_s=120))
+    return BuildConfig(
+        tokenizer=tokenizer,
+        max_tokens=512,
+        overlap=32,
+        docs_per_shard=2,
+        parse=ParseConfig(backend=backend, page_timeout_s=60, doc_timeout_s=120),
+    )
 
 
 def _shard_rows(out: Path) -> list[dict]:
@@ -62,8 +67,17 @@ def test_test_pipeline_builds_shards_and_quarantine(corpus: Path, tmp_path: Path
     out = tmp_path / "out"
     with TestPipeline(options=beam.options.pipeline_options.PipelineOptions(["--runner=DirectRunner"])) as p:
         graph = build_pipeline(p, [str(corpus)], config, str(out), PARSER_VERSION)
-    manifest = write_manifest(str(out), config, graph["config_hash"], PARSER_VERSION, available_backends(), {},
-                              len(list(corpus.glob("*.pdf"))), [str(corpus)], 0.0)
+    manifest = write_manifest(
+        str(out),
+        config,
+        graph["config_hash"],
+        PARSER_VERSION,
+        available_backends(),
+        {},
+        len(list(corpus.glob("*.pdf"))),
+        [str(corpus)],
+        0.0,
+    )
 
     t = manifest["totals"]
     # every input is either in a shard or in quarantine
@@ -85,13 +99,36 @@ def test_test_pipeline_builds_shards_and_quarantine(corpus: Path, tmp_path: Path
 
 def _cli(args: list[str], **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        **kw,
+    )
 
 
 def _build_args(corpus: Path, out: Path, tokenizer: str, *beam: str) -> list[str]:
-    return ["build", str(corpus), "--out", str(out), "--tokenizer", tokenizer, "--backend", "pymupdf",
-            "--max-tokens", "512", "--overlap", "32", "--docs-per-shard", "2", "--no-progress", *beam]
+    return [
+        "build",
+        str(corpus),
+        "--out",
+        str(out),
+        "--tokenizer",
+        tokenizer,
+        "--backend",
+        "pymupdf",
+        "--max-tokens",
+        "512",
+        "--overlap",
+        "32",
+        "--docs-per-shard",
+        "2",
+        "--no-progress",
+        *beam,
+    ]
 
 
 def test_multiprocess_run_equals_in_memory_run_and_kill_resume(corpus: Path, tmp_path: Path, tiny_tokenizer: str):
@@ -101,14 +138,17 @@ def test_multiprocess_run_equals_in_memory_run_and_kill_resume(corpus: Path, tmp
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out.decode()[-3000:]
 
-    proc = _cli(_build_args(corpus, multi, tiny_tokenizer, "--direct_running_mode=multi_processing",
-                            "--direct_num_workers=2"))
+    proc = _cli(
+        _build_args(corpus, multi, tiny_tokenizer, "--direct_running_mode=multi_processing", "--direct_num_workers=2")
+    )
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out.decode()[-3000:]
     assert _fingerprint(multi) == _fingerprint(ref)
 
     # kill -9 the whole job once the first document is finished, then rerun to completion
-    proc = _cli(_build_args(corpus, killed, tiny_tokenizer, "--direct_running_mode=in_memory", "--direct_num_workers=1"))
+    proc = _cli(
+        _build_args(corpus, killed, tiny_tokenizer, "--direct_running_mode=in_memory", "--direct_num_workers=1")
+    )
     deadline = time.time() + 300
     while time.time() < deadline and not list(killed.glob("_work/*/*/*.done")):
         time.sleep(0.05)
@@ -116,7 +156,9 @@ def test_multiprocess_run_equals_in_memory_run_and_kill_resume(corpus: Path, tmp
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert 1 <= done_before and not (killed / "manifest.json").exists()
-    proc = _cli(_build_args(corpus, killed, tiny_tokenizer, "--direct_running_mode=in_memory", "--direct_num_workers=1"))
+    proc = _cli(
+        _build_args(corpus, killed, tiny_tokenizer, "--direct_running_mode=in_memory", "--direct_num_workers=1")
+    )
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out.decode()[-3000:]
     assert _fingerprint(killed) == _fingerprint(ref)
@@ -145,13 +187,17 @@ def test_build_with_visual_gain_scores_every_kept_page(corpus: Path, tmp_path: P
     Thresholds(by_domain={d: -10.0 for d in thresholds.by_domain}, keep_text_only=False).save(thr_path)
     out = tmp_path / "out"
     config = BuildConfig(
-        tokenizer=tiny_tokenizer, max_tokens=4096, overlap=64,
+        tokenizer=tiny_tokenizer,
+        max_tokens=4096,
+        overlap=64,
         parse=ParseConfig(backend="pymupdf"),
-        visual_gain=VisualGainSlot(VisualGainConfig(model=vlm, local_files_only=True), str(thr_path),
-                                   export_dir=str(out / "visual_gain")),
+        visual_gain=VisualGainSlot(
+            VisualGainConfig(model=vlm, local_files_only=True), str(thr_path), export_dir=str(out / "visual_gain")
+        ),
     )
-    manifest = run([str(corpus)], str(out), config, ["--direct_running_mode=in_memory", "--direct_num_workers=1"],
-                   progress=False)
+    manifest = run(
+        [str(corpus)], str(out), config, ["--direct_running_mode=in_memory", "--direct_num_workers=1"], progress=False
+    )
     rows = _shard_rows(out)
     assert rows
     scored_pages = 0

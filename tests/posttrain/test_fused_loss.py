@@ -61,8 +61,16 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.integers(2, 6), st.integers(1, 40),
-       st.floats(0.01, 0.6), st.floats(0.01, 3.0), st.booleans(), st.sampled_from([torch.float32, torch.float64]))
+@given(
+    st.integers(0, 2**31 - 1),
+    st.integers(1, 4),
+    st.integers(2, 6),
+    st.integers(1, 40),
+    st.floats(0.01, 0.6),
+    st.floats(0.01, 3.0),
+    st.booleans(),
+    st.sampled_from([torch.float32, torch.float64]),
+)
 def test_fused_padded_equals_autograd(seed, b, g, t, eps_low, eps_high, with_keep, dtype) -> None:
     logp, beh, adv, resp, keep, _ = _case(seed, b, g, t, dtype, with_keep)
     clip = ClipConfig(eps_low, eps_high)
@@ -76,8 +84,16 @@ def test_fused_padded_equals_autograd(seed, b, g, t, eps_low, eps_high, with_kee
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.integers(2, 6), st.integers(1, 40),
-       st.floats(0.01, 0.6), st.floats(0.01, 3.0), st.booleans(), st.sampled_from([torch.float32, torch.float64]))
+@given(
+    st.integers(0, 2**31 - 1),
+    st.integers(1, 4),
+    st.integers(2, 6),
+    st.integers(1, 40),
+    st.floats(0.01, 0.6),
+    st.floats(0.01, 3.0),
+    st.booleans(),
+    st.sampled_from([torch.float32, torch.float64]),
+)
 def test_fused_packed_equals_autograd(seed, b, g, t, eps_low, eps_high, with_keep, dtype) -> None:
     logp, beh, adv, resp, keep, lengths = _case(seed, b, g, t, dtype, with_keep)
     clip = ClipConfig(eps_low, eps_high)
@@ -136,8 +152,9 @@ def test_fused_clipped_token_contributes_bound_and_grad_out_is_used() -> None:
     logp = torch.log(torch.tensor([[0.8, 0.5]], dtype=torch.float64))
     beh = torch.log(torch.tensor([[0.1, 0.5]], dtype=torch.float64))  # ρ = 8 (clips to 1.2), 1
     out = torch.empty_like(logp)
-    loss, grad, stats = policy_loss_and_grad(logp, beh, torch.tensor([0.5], dtype=torch.float64),
-                                             torch.ones(1, 2, dtype=torch.bool), grad_out=out)
+    loss, grad, stats = policy_loss_and_grad(
+        logp, beh, torch.tensor([0.5], dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool), grad_out=out
+    )
     assert grad.data_ptr() == out.data_ptr()
     assert grad[0].tolist() == pytest.approx([-1.2 * 0.5 / 2, -1.0 * 0.5 / 2], abs=1e-12)
     assert stats.clip_fraction.item() == 0.5
