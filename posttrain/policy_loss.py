@@ -136,29 +136,13 @@ def policy_loss_and_grad(
     """
     resp = response_mask.bool()
     keep = resp if keep_mask is None else (keep_mask.bool() & resp)
-    drop = ~keep
     if advantages.dim() == logprobs.dim() - 1:
         advantages = advantages.unsqueeze(-1)
     n_resp = torch.count_nonzero(resp)
     n_keep = n_resp if keep_mask is None else torch.count_nonzero(keep)
     denom, denom_f = _denominator(n_resp, n_tokens, logprobs)
-    lo, hi = 1.0 - clip.eps_low, 1.0 + clip.eps_high
-    g = torch.empty_like(logprobs) if grad_out is None else grad_out
-    torch.sub(logprobs, behaviour_logprobs, out=g)
-    g.exp_()  # ρ
-    g.masked_fill_(drop, 1.0)  # padding / masked tokens: inside the bounds, so never counted as clipped
-    n_clipped = _clip_count(g, lo, hi)
-    g.clamp_(lo, hi)  # ρ̄
-    g.mul_(advantages.to(g.dtype) / -denom_f)  # −ρ̄·Ã/N (broadcast over T when per response)
-    g.masked_fill_(drop, 0.0)
-    # where() so that -inf/NaN logprobs on padding cannot poison the sum (0 · -inf = NaN).
-    loss = torch.dot(g.reshape(-1), torch.where(keep, logprobs, 0.0).reshape(-1))
-    stats = LossStats(
-        n_tokens=denom.detach(),
-        clip_fraction=n_clipped / n_keep.clamp(min=1),
-        kept_fraction=n_keep / n_resp.clamp(min=1),
-    )
-    return loss, g, stats
+    coef = advantages.to(logprobs.dtype) / -denom_f  # broadcast over T when per response
+    return _fused_loss_and_grad(logprobs, behaviour_logprobs, coef, keep, n_resp, n_keep, denom, clip, grad_out)
 
 
 @torch.no_grad()
@@ -189,7 +173,6 @@ def packed_policy_loss_and_grad(
     keep = None if keep_mask is None else keep_mask.bool()
     n_keep = n_resp if keep is None else torch.count_nonzero(keep)
     denom, denom_f = _denominator(n_resp, n_tokens, logprobs)
-    lo, hi = 1.0 - clip.eps_low, 1.0 + clip.eps_high
     if int(flat_len.sum()) != n:
         raise ValueError(f"sum(lengths)={int(flat_len.sum())} != number of packed tokens {n}")
     coef = advantages.reshape(-1).to(logprobs.dtype) / -denom_f
@@ -198,19 +181,37 @@ def packed_policy_loss_and_grad(
         coef = torch.index_select(coef, 0, ids)
     elif advantages.shape != logprobs.shape:
         raise ValueError(f"advantages must have lengths' shape {tuple(lengths.shape)} or logprobs' shape ({n},)")
+    return _fused_loss_and_grad(logprobs, behaviour_logprobs, coef, keep, n_resp, n_keep, denom, clip, grad_out)
+
+
+def _fused_loss_and_grad(
+    logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    coef: Tensor,
+    keep: Tensor | None,
+    n_resp: Tensor,
+    n_keep: Tensor,
+    denom: Tensor,
+    clip: ClipConfig,
+    grad_out: Tensor | None,
+) -> tuple[Tensor, Tensor, LossStats]:
+    """The in-place pass both layouts share: g = −m·ρ̄·Ã/N with ``coef`` = Ã/−N broadcastable to logprobs."""
+    lo, hi = 1.0 - clip.eps_low, 1.0 + clip.eps_high
+    drop = None if keep is None else ~keep
     g = torch.empty_like(logprobs) if grad_out is None else grad_out
     torch.sub(logprobs, behaviour_logprobs, out=g)
     g.exp_()  # ρ
-    if keep is not None:
-        g.masked_fill_(~keep, 1.0)
+    if drop is not None:
+        g.masked_fill_(drop, 1.0)  # padding / masked tokens: inside the bounds, so never counted as clipped
     n_clipped = _clip_count(g, lo, hi)
     g.clamp_(lo, hi)  # ρ̄
     g.mul_(coef)  # −ρ̄·Ã/N
-    if keep is not None:
-        g.masked_fill_(~keep, 0.0)
-        loss = torch.dot(g, torch.where(keep, logprobs, 0.0))
+    if drop is None:
+        loss = torch.dot(g.reshape(-1), logprobs.reshape(-1))
     else:
-        loss = torch.dot(g, logprobs)
+        g.masked_fill_(drop, 0.0)
+        # where() so that -inf/NaN logprobs on padding cannot poison the sum (0 · -inf = NaN).
+        loss = torch.dot(g.reshape(-1), torch.where(keep, logprobs, 0.0).reshape(-1))
     stats = LossStats(
         n_tokens=denom.detach(),
         clip_fraction=n_clipped / n_keep.clamp(min=1),
