@@ -129,20 +129,7 @@ class EmbedAndWrite(beam.DoFn):
             captions = self.captioner.run_batch(pngs) if self.captioner else [""] * len(todo)
             vecs = self.embedder.encode_images(pngs)
             self.embed_ms.update(int((time.perf_counter() - t0) * 1000))
-            rows = [
-                IndexRow(
-                    sha256=c.sha256,
-                    vector=v,
-                    caption=cap,
-                    context=c.context,
-                    kind=c.kind,
-                    doc_id=c.doc_id,
-                    page_index=c.page_index,
-                    source=c.source,
-                    row=c.row,
-                )
-                for c, v, cap in zip(todo, vecs, captions)
-            ]
+            rows = [IndexRow.from_crop(c, v, cap) for c, v, cap in zip(todo, vecs, captions)]
             self.written.inc(self.index.upsert(rows))
         for c in batch:
             yield c.source, 1

@@ -13,9 +13,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from retrieval.crops import CropItem
 
 UNSCORED = -1.0  # quality of a crop no reranker has scored yet; real scores live in [0, 1]
 
@@ -96,6 +99,21 @@ class IndexRow:
     source: str = ""  # shard file, relative to the shards directory given at build time
     row: int = -1  # row (chunk) number inside that shard file
     quality: float = UNSCORED
+
+    @classmethod
+    def from_crop(cls, crop: CropItem, vector: Sequence[float], caption: str = "") -> IndexRow:
+        """The stored row of a crop read from a shard (``retrieval.crops.iter_crops``)."""
+        return cls(
+            sha256=crop.sha256,
+            vector=vector,
+            caption=caption,
+            context=crop.context,
+            kind=crop.kind,
+            doc_id=crop.doc_id,
+            page_index=crop.page_index,
+            source=crop.source,
+            row=crop.row,
+        )
 
     def to_entity(self) -> dict[str, Any]:
         d = asdict(self)

@@ -94,19 +94,5 @@ def ready_index(tmp_path_factory, tiny_models):
     cfg = IndexConfig(uri=str(root / "index.db"), name="crops", n_shards=3)
     with ShardedIndex(cfg) as ix:
         ix.ensure(emb.dim)
-        ix.upsert(
-            [
-                IndexRow(
-                    sha256=c.sha256,
-                    vector=v,
-                    context=c.context,
-                    kind=c.kind,
-                    doc_id=c.doc_id,
-                    page_index=c.page_index,
-                    source=c.source,
-                    row=c.row,
-                )
-                for c, v in zip(crops, vecs)
-            ]
-        )
+        ix.upsert([IndexRow.from_crop(c, v) for c, v in zip(crops, vecs)])
     return {"config": cfg, "shards": shards, "crops": crops}

@@ -16,19 +16,7 @@ pytestmark = pytest.mark.integration
 def rows_from(shards_dir, emb: HashEmbedder) -> list[IndexRow]:
     crops = [c for p in list_shards(shards_dir) for c in iter_crops(p, root=shards_dir)]
     vecs = emb.encode_images([c.png for c in crops])
-    return [
-        IndexRow(
-            sha256=c.sha256,
-            vector=v,
-            context=c.context,
-            kind=c.kind,
-            doc_id=c.doc_id,
-            page_index=c.page_index,
-            source=c.source,
-            row=c.row,
-        )
-        for c, v in zip(crops, vecs)
-    ]
+    return [IndexRow.from_crop(c, v) for c, v in zip(crops, vecs)]
 
 
 def test_upsert_routes_by_sha_and_is_idempotent(index_config_factory, shards_dir):
