@@ -273,19 +273,24 @@ def _write_parts(items: list[tuple[str, dict[str, Any]]], out: str) -> str:
     return str(path)
 
 
+def list_inputs(inputs: Sequence[str]) -> list[str]:
+    """The distinct files the job reads: every PDF below a directory, whatever a file or glob names."""
+    paths: set[str] = set()
+    for pattern in expand_inputs(inputs):
+        for m in FileSystems.match([pattern])[0].metadata_list:
+            if not _is_dir_pattern(pattern) or m.path.endswith(PDF_SUFFIXES):
+                paths.add(m.path)
+    return sorted(paths)
+
+
 def count_inputs(inputs: Sequence[str]) -> int | None:
     """Number of files the job will read (local inputs only; None when unknown/remote)."""
-    total = 0
-    for pattern in expand_inputs(inputs):
-        if "://" in pattern:
-            return None
-        try:
-            for m in FileSystems.match([pattern])[0].metadata_list:
-                if not _is_dir_pattern(pattern) or m.path.endswith(PDF_SUFFIXES):
-                    total += 1
-        except Exception:
-            return None
-    return total
+    if any("://" in pattern for pattern in expand_inputs(inputs)):
+        return None
+    try:
+        return len(list_inputs(inputs))
+    except Exception:
+        return None
 
 
 def run(

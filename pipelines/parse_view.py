@@ -41,17 +41,6 @@ BLOCKS_SCHEMA = pa.schema(
 )
 
 
-def list_inputs(inputs: Sequence[str]) -> list[str]:
-    from pipelines.corpus import PDF_SUFFIXES, _is_dir_pattern, expand_inputs
-
-    paths: list[str] = []
-    for pattern in expand_inputs(inputs):
-        for m in FileSystems.match([pattern])[0].metadata_list:
-            if not _is_dir_pattern(pattern) or m.path.endswith(PDF_SUFFIXES):
-                paths.append(m.path)
-    return sorted(set(paths))
-
-
 def page_rows(page: Page) -> list[dict[str, Any]]:
     return [
         {
@@ -79,6 +68,7 @@ def run_parse(inputs: Sequence[str], out: Path, config: Any, save_crops: bool = 
     from tqdm import tqdm
 
     from parsing import iter_parse
+    from pipelines.corpus import list_inputs
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "quarantine").mkdir(exist_ok=True)
