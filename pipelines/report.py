@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import math
 from collections import defaultdict
@@ -20,21 +19,6 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from pipelines.build import iter_quarantine
-
-KIND_COLOURS = {
-    "figure": (220, 50, 47),
-    "table": (38, 139, 210),
-    "equation": (133, 153, 0),
-    "caption": (211, 54, 130),
-    "title": (181, 137, 0),
-    "text": (120, 120, 120),
-    "header": (160, 160, 160),
-    "footer": (160, 160, 160),
-    "page_number": (160, 160, 160),
-    "list": (42, 161, 152),
-    "code": (108, 113, 196),
-    "other": (203, 75, 22),
-}
 
 
 def svg_histogram(
@@ -87,24 +71,15 @@ def _iter_shard_rows(out: Path, manifest: dict[str, Any], columns: list[str]) ->
 
 
 def _draw_page(source: str, page: dict[str, Any], dpi: int = 60) -> bytes | None:
-    import pymupdf
-    from PIL import Image, ImageDraw
+    """A page of the source PDF with the boxes of its layout sidecar drawn (None if the PDF is gone)."""
+    from parsing.records import Block, Page
+    from parsing.visualize import draw_boxes
 
     if not Path(source).is_file():
         return None
-    with pymupdf.open(source) as doc:
-        pix = doc[page["page_index"]].get_pixmap(dpi=dpi)
-        img = Image.frombytes("RGB", (pix.width, pix.height), pix.samples)
-    draw = ImageDraw.Draw(img)
-    scale = dpi / 72
-    for b in page["blocks"]:
-        x0, y0, x1, y1 = (v * scale for v in b["bbox"])
-        colour = KIND_COLOURS.get(b["kind"], (0, 0, 0))
-        draw.rectangle([x0, y0, x1, y1], outline=colour, width=2)
-        draw.text((x0 + 2, y0 + 1), b["kind"], fill=colour)
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
+    blocks = tuple(Block(kind=b["kind"], bbox=b["bbox"], reading_order=i) for i, b in enumerate(page["blocks"]))
+    record = Page("", page["page_index"], page["width"], page["height"], blocks, parser=page["parser"])
+    return draw_boxes(Path(source).read_bytes(), record, dpi=dpi)
 
 
 def write_report(out: Path, pages_with_boxes: int = 6, thumbs_per_kind: int = 8) -> Path:
@@ -188,7 +163,13 @@ def write_report(out: Path, pages_with_boxes: int = 6, thumbs_per_kind: int = 8)
             )
             drawn += 1
     parts.append("</div>")
-    legend = " ".join(f'<span style="color:rgb{c}">■ {k}</span>' for k, c in KIND_COLOURS.items())
+    from parsing.visualize import COLOURS
+
+    legend = (
+        " ".join(f'<span style="color:rgb{tuple(round(255 * v) for v in c)}">■ {k}</span>' for k, c in COLOURS.items())
+        + ' <span style="color:grey">■ other blocks</span>'
+    )
+
     parts.append(f"<p>{legend}</p>")
 
     doc = (

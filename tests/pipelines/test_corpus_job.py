@@ -96,6 +96,29 @@ def test_test_pipeline_builds_shards_and_quarantine(corpus: Path, tmp_path: Path
 
         assert file_sha256(out / "shards" / e["file"]) == e["sha256"]
 
+    # the report reads what the job wrote: crop thumbnails, the histogram, pages drawn with their boxes
+    from pipelines.report import write_report
+
+    html = write_report(out, pages_with_boxes=2).read_text()
+    assert "Tokens per chunk" in html and "<svg" in html and "figure" in html
+    assert html.count("<figure>") == 2 and "open.not_pdf" in html
+
+
+def test_parse_view_writes_one_row_per_block(corpus: Path, tmp_path: Path):
+    import pyarrow.parquet as pq
+
+    from parsing import ParseConfig
+    from pipelines.parse_view import BLOCKS_SCHEMA, run_parse
+
+    counts = run_parse([str(corpus)], tmp_path, ParseConfig(backend="pymupdf"))
+    table = pq.read_table(tmp_path / "blocks.parquet")
+    assert table.schema.equals(BLOCKS_SCHEMA) and table.num_rows == counts["blocks"] > 0
+    # a, a_copy, b, c are read (the parse view does not dedupe); empty.pdf and notes.pdf are quarantined
+    assert counts["documents"] == 4 and counts["pages"] == 2 + 2 + 3 + 1 and counts["dropped"] == 2
+    shas = {s for s in table["crop_sha256"].to_pylist() if s}
+    assert shas and all((tmp_path / "crops" / f"{s}.png").is_file() for s in shas)
+    assert set(table["backend"].to_pylist()) == {"pymupdf-layout"}
+
 
 def _cli(args: list[str], **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
