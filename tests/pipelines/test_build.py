@@ -74,7 +74,7 @@ def test_builder_rows_round_trip_and_image_bytes(tiny_tokenizer):
     # all text tokens of the document appear, in order, once the overlaps are removed
     ids = []
     for row in result.rows:
-        skip = row and json.loads(row["meta"])["overlap"]
+        skip = json.loads(row["meta"])["overlap"]
         flat = [t for s in row["segments"] for t in (s["token_ids"] if s["kind"] == "text" else [None] * s["n_tokens"])]
         ids.extend(flat[skip:])
     assert len(ids) == json.loads(result.rows[-1]["meta"])["end"]
