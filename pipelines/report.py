@@ -153,7 +153,7 @@ def write_report(out: Path, pages_with_boxes: int = 6, thumbs_per_kind: int = 8)
         layout = json.loads(layout_path.read_text())
         # prefer pages that hold cropped regions: that is what the boxes are for
         pages = sorted(layout["pages"], key=lambda p: -sum(b["crop"] is not None for b in p["blocks"]))
-        for page in pages[:2]:
+        for page in pages[: min(2, pages_with_boxes - drawn)]:
             png = _draw_page(layout["source"], page)
             if png is None:
                 continue
