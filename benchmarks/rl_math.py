@@ -5,12 +5,19 @@ GEPO (Eq 26), adaptive length regularisation (Eq 14–17), then the detached-IS 
 gradient with respect to log π of every token. The vectorised path runs over the whole batch
 (4,096 groups × 16 responses × 2,048 tokens by default) in chunks of groups, so peak memory stays
 bounded; the Python baseline runs on a subset of groups and is extrapolated linearly (its cost is
-per group). Three vectorised paths are timed side by side:
+per group). The vectorised paths are timed side by side:
 
 * autograd (old): ``shape`` + ``policy_loss`` + ``backward`` over padded ``[B, G, T]`` chunks;
-* fused padded: ``shape`` + ``policy_loss_and_grad`` (closed-form gradient, in-place buffer) per block;
-* fused packed: ``shape_packed`` + ``packed_policy_loss_and_grad`` on real tokens only (no padding),
-  per block of groups. Packing the padded data is done once, untimed (see ``pack``).
+* torch fused padded: ``shape`` + ``policy_loss_and_grad`` (closed-form gradient, in-place buffer) per block;
+* torch fused packed: ``shape_packed`` + ``packed_policy_loss_and_grad(backend="torch")`` on real tokens
+  only (no padding), per block of groups. Packing the padded data is done once, untimed (see ``pack``);
+* native packed: the same with ``backend="native"``: entropy sums and loss + gradient each in one pass
+  of the C kernel in ``posttrain/native`` (built at first use, before timing).
+
+The packed paths run twice: a fresh gradient tensor per block, all kept (the whole batch's 75M
+gradients are resident at the end, so each run first-touches ~300 MB of new pages), and one buffer
+reused for every block, as in a trainer where each micro-batch's gradient goes into its backward
+before the next micro-batch.
 
 The script first checks every path agrees with the Python baseline on the subset (loss and
 gradient), then times them.
@@ -108,18 +115,35 @@ def pack(c: dict[str, torch.Tensor], block: int) -> list[dict[str, torch.Tensor]
     return out
 
 
-def fused_packed(blocks: list[dict[str, torch.Tensor]], n_tokens: int) -> tuple[float, list[torch.Tensor]]:
-    """Packed layout: per block, segmented entropy sums + shaping + closed-form loss and gradient."""
+def fused_packed(
+    blocks: list[dict[str, torch.Tensor]], n_tokens: int, backend: str = "torch", reuse: bool = False
+) -> tuple[float, list[torch.Tensor]]:
+    """Packed layout: per block, segmented entropy sums + shaping + closed-form loss and gradient.
+
+    ``backend``: "torch" (eager in-place passes) or "native" (the one-pass C kernel). ``reuse``: write
+    every block's gradient into one buffer, as a trainer does when each micro-batch's gradient goes
+    into its backward before the next (no fresh pages per block); otherwise every block's gradient is
+    a new tensor and all of them are kept."""
     total = 0.0
     grads = []
     cfg = ShapingConfig(gepo=GEPO, length=LENGTH)
+    buf = torch.empty(max(c["logp"].numel() for c in blocks)) if reuse else None
     for c in blocks:
-        shaped = shape_packed(c["rewards"], c["beh"], c["lengths"], config=cfg)
+        shaped = shape_packed(c["rewards"], c["beh"], c["lengths"], config=cfg, backend=backend)
+        out = None if buf is None else buf[: c["logp"].numel()]
         loss, grad, _ = packed_policy_loss_and_grad(
-            c["logp"], c["beh"], shaped.advantages, c["lengths"], clip=CLIP, n_tokens=n_tokens
+            c["logp"],
+            c["beh"],
+            shaped.advantages,
+            c["lengths"],
+            clip=CLIP,
+            n_tokens=n_tokens,
+            grad_out=out,
+            backend=backend,
         )
         total += loss.item()
-        grads.append(grad)
+        if not reuse:
+            grads.append(grad)
     return total, grads
 
 
@@ -176,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-groups", type=int, default=128, help="groups per block of the fused paths (cache)")
     ap.add_argument("--baseline-groups", type=int, default=32, help="groups the Python baseline runs on")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2, help="vectorised timing: best of N")
+    ap.add_argument("--repeats", type=int, default=3, help="timing of every path and of the baseline: best of N")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     b, g, t = args.groups, args.responses, args.tokens
@@ -193,9 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     nb = min(args.baseline_groups, chunks[0]["rewards"].shape[0])
     sub = {k: v[:nb].clone() for k, v in chunks[0].items()}
     py_inputs = [to_python(chunks[0], gi) for gi in range(nb)]
-    t0 = time.perf_counter()
-    py_out = [python_group(r, lp, bp, n_tokens) for r, lp, bp in py_inputs]
-    py_time = time.perf_counter() - t0
+    py_time = float("inf")
+    for _ in range(args.repeats):  # best of N, as for the vectorised paths
+        t0 = time.perf_counter()
+        py_out = [python_group(r, lp, bp, n_tokens) for r, lp, bp in py_inputs]
+        py_time = min(py_time, time.perf_counter() - t0)
     py_loss = sum(o[0] for o in py_out)
 
     def padded_grad(grads):  # noqa: ANN001, ANN202
@@ -212,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         "autograd (old)": lambda: (lambda r: (r[0], padded_grad(r[1])))(vectorised([sub], n_tokens)),
         "fused padded": lambda: (lambda r: (r[0], padded_grad(r[1])))(fused_padded([sub], n_tokens, args.block_groups)),
         "fused packed": lambda: (lambda r: (r[0], packed_grad(sub_blocks, r[1])))(fused_packed(sub_blocks, n_tokens)),
+        "native packed": lambda: (lambda r: (r[0], packed_grad(sub_blocks, r[1])))(
+            fused_packed(sub_blocks, n_tokens, "native")
+        ),
     }
     for name, run in checks.items():
         sub_loss, grad_of = run()
@@ -238,18 +267,20 @@ def main(argv: list[str] | None = None) -> int:
     per_group_py = py_time / nb
     py_full = per_group_py * b
     print(
-        f"python per-group baseline: {py_time:.2f} s for {nb} groups = {per_group_py * 1e3:.1f} ms/group "
+        f"python per-group baseline (best of {args.repeats}): {py_time:.2f} s for {nb} groups = {per_group_py * 1e3:.1f} ms/group "
         f"-> extrapolated {py_full:.1f} s for {b} groups"
     )
-    paths = {
-        f"autograd, padded [B,G,T], {args.chunk_groups}-group chunks (old)": lambda: vectorised(chunks, n_tokens),
-        f"fused closed-form, padded, {args.block_groups}-group blocks": lambda: fused_padded(
-            chunks, n_tokens, args.block_groups
-        ),
-        f"fused closed-form, packed, {args.block_groups}-group blocks": lambda: fused_packed(packed, n_tokens),
-    }
+    bg = args.block_groups
+    paths = [
+        (f"autograd, padded [B,G,T], {args.chunk_groups}-group chunks (old)", lambda: vectorised(chunks, n_tokens)),
+        (f"torch fused, padded, {bg}-group blocks", lambda: fused_padded(chunks, n_tokens, bg)),
+        (f"torch fused, packed, {bg}-group blocks", lambda: fused_packed(packed, n_tokens)),
+        ("  same, one gradient buffer reused", lambda: fused_packed(packed, n_tokens, reuse=True)),
+        (f"native C kernel, packed, {bg}-group blocks", lambda: fused_packed(packed, n_tokens, "native")),
+        ("  same, one gradient buffer reused", lambda: fused_packed(packed, n_tokens, "native", True)),
+    ]
     results = []
-    for name, run in paths.items():
+    for name, run in paths:
         best, loss = float("inf"), float("nan")
         for _ in range(args.repeats):
             t0 = time.perf_counter()

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from posttrain import native
+
 
 def _valid(rewards: Tensor, group_mask: Tensor | None) -> Tensor:
     if group_mask is None:
@@ -215,14 +217,22 @@ def _shape_core(rewards: Tensor, valid: Tensor, ent: Tensor, lengths: Tensor | N
     return Shaped(advantages=adv, resample=degenerate_groups(rewards, valid, config.dapo_atol), entropy=ent)
 
 
-def segment_sums(values: Tensor, lengths: Tensor) -> Tensor:
+def segment_sums(values: Tensor, lengths: Tensor, backend: str = "auto") -> Tensor:
     """Per-segment sums of a packed 1-D tensor: ``values`` is the concatenation of segments of the
-    given ``lengths`` (any shape; flattened, 0 allowed). Returns ``lengths.shape`` (0 for empty)."""
+    given ``lengths`` (any shape; flattened, 0 allowed). Returns ``lengths.shape`` (0 for empty).
+
+    ``backend``: ``"native"`` sums float32 CPU values in the C kernel (float64 accumulation),
+    ``"torch"`` uses ``torch.segment_reduce``, ``"auto"`` picks native when it applies
+    (``posttrain.native.use_native``)."""
     flat = lengths.reshape(-1)
     if values.dim() != 1 or values.numel() != int(flat.sum()):
         raise ValueError(
             f"packed values ({tuple(values.shape)}) must be 1-D with sum(lengths)={int(flat.sum())} entries"
         )
+    if bool((flat < 0).any()):
+        raise ValueError("segment lengths must be >= 0")
+    if native.use_native(backend, values):
+        return native.segment_sums(values, native.offsets_of(flat)).to(values.dtype).view(lengths.shape)
     return torch.segment_reduce(values, "sum", lengths=flat).view(lengths.shape)
 
 
@@ -232,15 +242,17 @@ def shape_packed(
     lengths: Tensor,
     group_mask: Tensor | None = None,
     config: ShapingConfig = ShapingConfig(),
+    backend: str = "auto",
 ) -> Shaped:
     """``shape()`` for the packed (ragged) layout: no padding slots at all.
 
     rewards, lengths: ``[B, G]`` (lengths 0 for padded responses); logprobs: ``[Σ lengths]``, the
     rollout log π of every real token, responses concatenated in row-major ``[B, G]`` order. The group
-    entropy's per-response surprisal is one segmented sum over the packed tokens.
+    entropy's per-response surprisal is one segmented sum over the packed tokens (``backend`` as in
+    ``segment_sums``).
     """
     valid = _valid(rewards, group_mask)
-    surprisal = -segment_sums(logprobs, lengths)
+    surprisal = -segment_sums(logprobs, lengths, backend)
     k = valid.sum(dim=-1).clamp(min=1).to(surprisal.dtype)
     ent = torch.where(valid, surprisal, torch.zeros_like(surprisal)).sum(dim=-1) / k
     return _shape_core(rewards, valid, ent, lengths if config.length is not None else None, config)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from posttrain import native
+
 
 @dataclass(frozen=True)
 class ClipConfig:
@@ -155,6 +157,7 @@ def packed_policy_loss_and_grad(
     clip: ClipConfig = ClipConfig(),
     n_tokens: Tensor | float | None = None,
     grad_out: Tensor | None = None,
+    backend: str = "auto",
 ) -> tuple[Tensor, Tensor, LossStats]:
     """Fused loss + gradient on the packed (ragged) layout: only real tokens, no padding slots.
 
@@ -164,6 +167,10 @@ def packed_policy_loss_and_grad(
     (1-D lengths with R = N) it is read as per response.
     keep_mask: ``[N]`` m_{i,t}, or None (every token kept). Σ|y| is N unless n_tokens overrides it.
     Returns ``(loss, grad [N], stats)``; see ``policy_loss_and_grad``.
+
+    ``backend``: ``"native"`` runs the one-pass C kernel (``posttrain/native``; float32 CPU tensors,
+    per-response advantages), ``"torch"`` the in-place PyTorch passes, ``"auto"`` native when it applies
+    (``posttrain.native.use_native``). Both agree to float rounding (tests/posttrain/test_native.py).
     """
     if logprobs.dim() != 1 or behaviour_logprobs.shape != logprobs.shape:
         raise ValueError("packed logprobs must be 1-D and match behaviour_logprobs")
@@ -175,8 +182,24 @@ def packed_policy_loss_and_grad(
     denom, denom_f = _denominator(n_resp, n_tokens, logprobs)
     if int(flat_len.sum()) != n:
         raise ValueError(f"sum(lengths)={int(flat_len.sum())} != number of packed tokens {n}")
+    if bool((flat_len < 0).any()):
+        raise ValueError("response lengths must be >= 0")
     coef = advantages.reshape(-1).to(logprobs.dtype) / -denom_f
-    if advantages.shape == lengths.shape:  # per response (wins if ambiguous): gather onto the tokens
+    per_response = advantages.shape == lengths.shape  # wins if ambiguous
+    if per_response and native.use_native(backend, logprobs, behaviour_logprobs):
+        lo, hi = 1.0 - clip.eps_low, 1.0 + clip.eps_high
+        loss, n_clipped, g = native.packed_loss_grad(
+            logprobs, behaviour_logprobs, native.offsets_of(flat_len), coef, keep, lo, hi, grad_out
+        )
+        stats = LossStats(
+            n_tokens=denom.detach(),
+            clip_fraction=torch.tensor(n_clipped) / n_keep.clamp(min=1),
+            kept_fraction=n_keep / n_resp.clamp(min=1),
+        )
+        return torch.tensor(loss, dtype=logprobs.dtype), g, stats
+    if backend == "native":
+        raise ValueError("the native backend takes per-response advantages (lengths' shape)")
+    if per_response:  # gather onto the tokens
         ids = torch.repeat_interleave(flat_len, output_size=n)  # response id of every token
         coef = torch.index_select(coef, 0, ids)
     elif advantages.shape != logprobs.shape:

@@ -15,6 +15,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 _ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_ROOT / ".cache" / "torch_extensions"))
 os.environ.setdefault("MINERU_HOME", str(_ROOT / ".cache" / "mineru"))
+os.environ.setdefault("SCIFOLIO_NATIVE_CACHE", str(_ROOT / ".cache" / "native"))
 
 
 @pytest.fixture(scope="session")

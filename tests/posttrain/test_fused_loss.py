@@ -93,14 +93,17 @@ def test_fused_padded_equals_autograd(seed, b, g, t, eps_low, eps_high, with_kee
     st.floats(0.01, 3.0),
     st.booleans(),
     st.sampled_from([torch.float32, torch.float64]),
+    st.sampled_from(["torch", "auto"]),  # "auto" runs the C kernel on float32 (tests/posttrain/test_native.py)
 )
-def test_fused_packed_equals_autograd(seed, b, g, t, eps_low, eps_high, with_keep, dtype) -> None:
+def test_fused_packed_equals_autograd(seed, b, g, t, eps_low, eps_high, with_keep, dtype, backend) -> None:
     logp, beh, adv, resp, keep, lengths = _case(seed, b, g, t, dtype, with_keep)
     clip = ClipConfig(eps_low, eps_high)
     n = 1000  # a global normaliser, as when a big batch is evaluated in chunks
     ref_loss, ref_grad, ref_stats = _autograd(logp, beh, adv, resp, keep, clip, n_tokens=n)
     pk = None if keep is None else keep[resp]
-    loss, grad, stats = packed_policy_loss_and_grad(logp[resp], beh[resp], adv, lengths, pk, clip, n_tokens=n)
+    loss, grad, stats = packed_policy_loss_and_grad(
+        logp[resp], beh[resp], adv, lengths, pk, clip, n_tokens=n, backend=backend
+    )
     _loss_close(loss, ref_loss, grad, logp[resp])
     _close(grad, ref_grad[resp])
     assert stats.clip_fraction.item() == pytest.approx(ref_stats.clip_fraction.item(), abs=1e-12)
