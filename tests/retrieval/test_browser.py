@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import threading
 import time
@@ -12,10 +11,9 @@ import pytest
 from retrieval.index import ShardedIndex
 from retrieval.search import load_searcher
 from retrieval.service import ServeConfig, create_app
+from tests.browser import HAVE_CHROMIUM, NO_CHROMIUM, chromium_driver
 
 pytestmark = pytest.mark.integration
-
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
 @pytest.fixture(scope="module")
@@ -41,27 +39,12 @@ def server(ready_index, tiny_models):
     s.index.close()
 
 
-@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="Debian chromium + chromium-driver not installed")
+@pytest.mark.skipif(not HAVE_CHROMIUM, reason=NO_CHROMIUM)
 def test_page_text_query_shows_thumbnails(server, tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={tmp_path / 'profile'}",
-    ):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver = chromium_driver(tmp_path / "profile")
     try:
         driver.get(server + "/")
         box = driver.find_element(By.ID, "query")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -16,46 +15,14 @@ import pytest
 from vg_helpers import scored_page
 
 from pipelines.cli_review import register
+from tests.browser import HAVE_CHROMIUM, NO_CHROMIUM, chromium_driver
 from visual_gain.review import ReviewConfig, export_review
 from visual_gain.thresholds import Thresholds
 
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian chromium and chromium-driver"),
+    pytest.mark.skipif(not HAVE_CHROMIUM, reason=NO_CHROMIUM),
 ]
-
-
-def _driver(download_dir: Path, profile: Path):  # type: ignore[no-untyped-def]
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={profile}",
-    ):
-        opts.add_argument(flag)
-    opts.add_experimental_option(
-        "prefs",
-        {
-            "download.default_directory": str(download_dir),
-            "download.prompt_for_download": False,
-            "download.directory_upgrade": True,
-            "safebrowsing.enabled": False,
-        },
-    )
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
-    # headless Chromium ignores the download pref for some builds; the DevTools call is authoritative
-    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(download_dir)})
-    return driver
 
 
 def test_click_review_save_and_fit(tmp_path: Path) -> None:
@@ -67,7 +34,7 @@ def test_click_review_save_and_fit(tmp_path: Path) -> None:
     (html,) = export_review(pages, tmp_path / "review", thresholds, ReviewConfig(per_domain=12, batch_size=12))
     downloads = tmp_path / "downloads"
     downloads.mkdir()
-    driver = _driver(downloads, tmp_path / "profile")
+    driver = chromium_driver(tmp_path / "profile", downloads)
     try:
         driver.get(html.resolve().as_uri())
         data = json.loads(driver.find_element(By.ID, "review-data").get_attribute("textContent"))
