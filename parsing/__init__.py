@@ -5,7 +5,7 @@
 Heavy libraries (MinerU, PyMuPDF, ONNX models) load only inside the parse worker, never at import time.
 """
 
-from parsing.api import PARSER_VERSION, Parser, available_backends, iter_parse
+from parsing.api import PARSER_VERSION, Parser, available_backends, iter_parse, warm_up
 from parsing.backends import BackendUnavailable, LayoutBackend
 from parsing.config import Limits, ParseConfig
 from parsing.records import Block, Crop, Document, Dropped, Page
@@ -24,4 +24,5 @@ __all__ = [
     "Parser",
     "available_backends",
     "iter_parse",
+    "warm_up",
 ]

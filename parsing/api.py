@@ -26,7 +26,7 @@ from parsing.records import Document, Dropped, Page, sha256_hex
 from parsing.validate import quick_checks
 from parsing.worker import EOF, TIMEOUT, FrameReader, write_frame
 
-PARSER_VERSION = "parsing-1"
+PARSER_VERSION = "parsing-2"
 """Bump whenever parser output changes for the same input and config (invalidates resumption)."""
 
 TEST_HANG_ENV = "SCIFOLIO_PARSE_TEST_HANG"
@@ -101,6 +101,16 @@ class Parser:
             return data[-n:].decode("utf-8", "replace")
         except OSError:
             return ""
+
+    def warm(self, config: ParseConfig) -> None:
+        """Start the worker and have it load ``config``'s backend and its helpers now, without waiting: the
+        caller does its own start-up (e.g. loading a tokenizer) meanwhile. The first document's job queues
+        behind the warm-up; nothing is answered to it, and a failure shows up with that first document."""
+        if self._proc is not None and self._proc.poll() is None:
+            return  # a running worker has loaded what it needed
+        self._ensure_worker()
+        assert self._proc is not None and self._proc.stdin is not None
+        write_frame(self._proc.stdin, {"warm": config})
 
     def _send_job(self, job: dict[str, Any]) -> None:
         self._ensure_worker()
@@ -278,6 +288,21 @@ def iter_parse(data: bytes, source: str, config: ParseConfig) -> Iterator[Docume
     Runs in a per-process worker (``Parser``) that is reused across calls and killed on timeouts.
     """
     yield from _default_parser().iter_parse(data, source, config)
+
+
+def warm_up(config: ParseConfig) -> None:
+    """Start this process's parse worker and load ``config``'s backend in the background (see
+    ``Parser.warm``); ``iter_parse`` works without it, the first document then waits for the loading."""
+    _default_parser().warm(config)
+
+
+def close_default_parser() -> None:
+    """Stop this process's parse worker (``iter_parse``/``warm_up`` start a fresh one when next called): for
+    benchmarks and tests that want every run to start cold, as a new ``scifolio`` process does."""
+    global _DEFAULT
+    if _DEFAULT is not None:
+        _DEFAULT.close()
+        _DEFAULT = None
 
 
 def available_backends() -> dict[str, str]:

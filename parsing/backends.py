@@ -179,8 +179,13 @@ class MinerUBackend:
         if self.tier != "flash":
             self._preflight()
 
-    def _preflight(self) -> None:
-        """Parse a one-line PDF so a missing model fails here, once, with the tier named."""
+    def warm(self) -> None:
+        """Parse a one-line PDF: MinerU starts its render processes on its first call, better done before the
+        first document (the parse worker calls this while the job is still starting up)."""
+        if self.tier == "flash":  # other tiers did this in load()
+            self._parse_one_line()
+
+    def _parse_one_line(self) -> None:
         import pymupdf
 
         doc = pymupdf.open()
@@ -188,15 +193,19 @@ class MinerUBackend:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "preflight.pdf"
             doc.save(path)
-            try:
-                self._parse(str(path), tier=self.tier, ocr_mode="txt")
-            except Exception as exc:
-                raise BackendUnavailable(
-                    f"MinerU tier {self.tier!r} cannot run: its models are not available under "
-                    f"MINERU_HOME={os.environ.get('MINERU_HOME')} (MINERU_MODEL_SOURCE="
-                    f"{os.environ.get('MINERU_MODEL_SOURCE')}). Stage the models there or use tier 'flash'. "
-                    f"Cause: {type(exc).__name__}: {str(exc)[:300]}"
-                ) from exc
+            self._parse(str(path), tier=self.tier, ocr_mode="txt").to_dict()
+
+    def _preflight(self) -> None:
+        """Parse a one-line PDF so a missing model fails here, once, with the tier named."""
+        try:
+            self._parse_one_line()
+        except Exception as exc:
+            raise BackendUnavailable(
+                f"MinerU tier {self.tier!r} cannot run: its models are not available under "
+                f"MINERU_HOME={os.environ.get('MINERU_HOME')} (MINERU_MODEL_SOURCE="
+                f"{os.environ.get('MINERU_MODEL_SOURCE')}). Stage the models there or use tier 'flash'. "
+                f"Cause: {type(exc).__name__}: {str(exc)[:300]}"
+            ) from exc
 
     def parse(self, pdf_path: str, doc: pymupdf.Document, page_indices: Sequence[int]) -> dict[int, ParsedPage]:
         if not page_indices:

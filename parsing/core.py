@@ -70,16 +70,16 @@ def _hang_if(hook: str | None, where: str) -> None:
             time.sleep(3600)
 
 
-def parse_window(
+def backend_window(
     doc: pymupdf.Document,
     pdf_path: str,
     document: Document,
     window: Sequence[int],
     config: ParseConfig,
     backends: BackendSet,
-    hang: str | None = None,
-) -> Iterator[Page | Dropped]:
-    """Parse the pages in ``window`` (ascending 0-based indices), yielding Page or Dropped in page order."""
+) -> list[tuple[int, ParsedPage | Dropped]]:
+    """The layout backend's result for each page of ``window`` (ascending 0-based indices), in page order:
+    boxes without clean-up or crops (``finish_page`` adds those), or a Dropped for a page the backend failed."""
     scans = {i for i in window if config.ocr_fallback and is_scanned(doc[i])}
     native = [i for i in window if i not in scans]
     results: dict[int, ParsedPage | Dropped] = {}
@@ -89,30 +89,60 @@ def parse_window(
     if scans:
         ocr = backends.get("rapidocr")
         results.update(_run_backend(ocr, pdf_path, doc, document, sorted(scans)))
+    out: list[tuple[int, ParsedPage | Dropped]] = []
     for i in window:
-        _hang_if(hang, f"page:{i}")
         r = results.get(i)
         if r is None:
-            yield Dropped(
+            r = Dropped(
                 f"{document.doc_id}:{i}",
                 "parse",
                 "backend_error",
                 {"source": document.source, "detail": "the backend returned no result for this page"},
             )
-            continue
-        if isinstance(r, Dropped):
-            yield r
-            continue
-        parser, blocks = r
-        try:
-            yield _finish_page(doc[i], document, parser, blocks, config)
-        except Exception as exc:  # rendering a crop failed: quarantine the page, keep the document
-            yield Dropped(
-                f"{document.doc_id}:{i}",
-                "parse",
-                "render_error",
-                {"source": document.source, "detail": f"{type(exc).__name__}: {exc}"},
-            )
+        out.append((i, r))
+    return out
+
+
+def finish_page(page: pymupdf.Page, document: Document, parsed: ParsedPage, config: ParseConfig) -> Page | Dropped:
+    """Box clean-up and crops for one page the backend parsed; a failed render quarantines only this page.
+
+    On a page with images MuPDF's resource store is emptied first: an image decoded by an earlier render (the
+    OCR backend's page render, another page sharing the image) can be reused at another resolution and change
+    a crop's pixels. A page's crops then depend on the page alone, whichever process renders it after what.
+    (Only such pages: emptying the store also drops parsed fonts, which costs ~10 ms a page.)
+    """
+    import pymupdf
+
+    if page.get_images():
+        pymupdf.TOOLS.store_shrink(100)
+    try:
+        return _finish_page(page, document, parsed.parser, parsed.blocks, config)
+    except Exception as exc:  # rendering a crop failed: quarantine the page, keep the document
+        return Dropped(
+            f"{document.doc_id}:{page.number}",
+            "parse",
+            "render_error",
+            {"source": document.source, "detail": f"{type(exc).__name__}: {exc}"},
+        )
+
+
+def parse_window(
+    doc: pymupdf.Document,
+    pdf_path: str,
+    document: Document,
+    window: Sequence[int],
+    config: ParseConfig,
+    backends: BackendSet,
+    hang: str | None = None,
+) -> Iterator[Page | Dropped]:
+    """Parse the pages in ``window`` in this process, yielding Page or Dropped in page order.
+
+    The worker runs the same two steps pipelined (``parsing.helpers``: clean-up and crops of one window in
+    helper processes while the backend parses the next); this sequential form is for tests and debugging.
+    """
+    for i, r in backend_window(doc, pdf_path, document, window, config, backends):
+        _hang_if(hang, f"page:{i}")
+        yield r if isinstance(r, Dropped) else finish_page(doc[i], document, r, config)
 
 
 def _run_backend(
@@ -142,11 +172,14 @@ def _run_backend(
 
 
 def _finish_page(page: pymupdf.Page, document: Document, parser: str, blocks: list[Block], config: ParseConfig) -> Page:
-    blocks = with_order(refine_blocks(page, blocks))
-    blocks = crop_blocks(page, blocks, config)
+    # One display list serves every render of the page (ink trimming, crops, the page render): building it
+    # is what ``page.get_pixmap`` does on each call, so the pixels are the same and the page is read once.
+    dl = page.get_displaylist()
+    blocks = with_order(refine_blocks(page, blocks, dl))
+    blocks = crop_blocks(page, blocks, config, dl)
     render = None
     if config.page_render_dpi:
-        render = render_page(page, config.page_render_dpi, config.page_render_max_side)
+        render = render_page(page, config.page_render_dpi, config.page_render_max_side, dl)
     return Page(
         doc_id=document.doc_id,
         page_index=page.number,

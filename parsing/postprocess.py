@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 from parsing.geometry import (
     BBox,
+    any_contained,
+    any_containing,
     area,
     box_gap,
     clusters,
@@ -81,10 +83,12 @@ def continues_block(line: BBox, block: BBox, line_height: float) -> bool:
     return abs(line[0] - block[0]) <= 3.0 and line[2] <= block[2] + 3.0 and 0 <= line[1] - block[3] <= 1.5 * line_height
 
 
-def ink_bbox(page: pymupdf.Page, box: BBox, dpi: int = 50, threshold: int = 240) -> BBox:
+def ink_bbox(
+    page: pymupdf.Page, box: BBox, dpi: int = 50, threshold: int = 240, dl: pymupdf.DisplayList | None = None
+) -> BBox:
     """Shrink ``box`` to the pixels that are not (near-)white when rendered: trims white margins that are part
     of an embedded image or a white background rectangle. Removing only blank rows and columns can never cut
-    content; one pixel of slack is kept."""
+    content; one pixel of slack is kept. ``dl``: the page's display list, when the caller renders it often."""
     import numpy as np
     import pymupdf
 
@@ -92,7 +96,9 @@ def ink_bbox(page: pymupdf.Page, box: BBox, dpi: int = 50, threshold: int = 240)
     if rect.is_empty:
         return box
     zoom = dpi / 72.0
-    pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), clip=rect, colorspace=pymupdf.csGRAY, alpha=False)
+    if dl is None:
+        dl = page.get_displaylist()  # what page.get_pixmap does
+    pix = dl.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), clip=rect, colorspace=pymupdf.csGRAY, alpha=False)
     img = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.stride)[:, : pix.width]
     ink = img < threshold
     rows = np.flatnonzero(ink.any(axis=1))
@@ -201,11 +207,12 @@ class _Replaced(dict):
         self.alive.append(old)
 
 
-def refine_blocks(page: pymupdf.Page, blocks: list[Block]) -> list[Block]:
+def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayList | None = None) -> list[Block]:
     """Fix the systematic box problems listed in the module docstring.
 
     Returns blocks in reading order with ``reading_order`` = position and caption links preserved (a caption
-    of a figure that was split or merged is re-linked by geometry / to the merged figure).
+    of a figure that was split or merged is re-linked by geometry / to the merged figure). ``dl``: the page's
+    display list, reused for every render (built here when not given).
     """
     import numpy as np
     import pymupdf
@@ -223,7 +230,7 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block]) -> list[Block]:
     replaced = _Replaced()  # id(old visual) -> its new block(s)
     text_boxes = [_grow(b.bbox, 2.0) for b in blocks if b.kind not in CROPPED_KINDS]
     # Lines that continue a paragraph are the paragraph's, wherever a figure box reaches.
-    lines = [ln for ln in lines if not any(continues_block(ln, t, line_h) for t in text_boxes)]
+    lines = [ln for ln, cont in zip(lines, _continues_any(lines, text_boxes, line_h)) if not cont]
     elements = graphics + lines
     element_arr = np.asarray(elements, dtype=float).reshape(-1, 4)
     # hairlines (rules, separators) are drawn but do not make a region a picture on their own
@@ -246,7 +253,9 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block]) -> list[Block]:
             ]
         else:
             boxes = [tighten(b.bbox, content, ())]
-        new = [dataclasses.replace(b, bbox=ink_bbox(page, x)) for x in boxes]
+        if dl is None:
+            dl = page.get_displaylist()
+        new = [dataclasses.replace(b, bbox=ink_bbox(page, x, dl=dl)) for x in boxes]
         replaced.put(b, new)
         work.extend(new)
 
@@ -269,6 +278,24 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block]) -> list[Block]:
     return _renumber(out, link, replaced, h)
 
 
+def _continues_any(lines: list[BBox], blocks: list[BBox], line_height: float) -> list[bool]:
+    """``any(continues_block(ln, b, line_height) for b in blocks)`` for every line, vectorised."""
+    import numpy as np
+
+    if not lines or not blocks:
+        return [False] * len(lines)
+    ln = np.asarray(lines, dtype=float)[:, None, :]
+    b = np.asarray(blocks, dtype=float)[None, :, :]
+    below = ln[..., 1] - b[..., 3]
+    hit = (
+        (np.abs(ln[..., 0] - b[..., 0]) <= 3.0)
+        & (ln[..., 2] <= b[..., 2] + 3.0)
+        & (below >= 0)
+        & (below <= 1.5 * line_height)
+    )
+    return hit.any(axis=1).tolist()
+
+
 def add_vector_figures(
     blocks: list[Block], graphics: list[BBox], paths: list[bool], lines: list[BBox], line_h: float, w: float, h: float
 ) -> list[Block]:
@@ -283,19 +310,15 @@ def add_vector_figures(
     textual = [b.bbox for b in blocks if b.kind not in CROPPED_KINDS]
     # running text (multi-line or wide), as opposed to one-word labels inside a drawing
     paragraphs = [t for t in textual if t[3] - t[1] > 1.8 * line_h or t[2] - t[0] > 0.25 * w]
-    cand = [
-        g
-        for g, is_path in zip(graphics, paths)
-        if is_path
-        and area(g) < 0.5 * w * h
-        and not any(containment(g, v.bbox) > 0.5 for v in visual)
-        and not any(containment(g, _grow(t, 1.0)) > 0.5 for t in textual)
-        and not any(containment(t, g) > 0.8 for t in paragraphs)
-    ]
+    drawn = [g for g, is_path in zip(graphics, paths) if is_path and area(g) < 0.5 * w * h]
+    in_visual = any_contained(drawn, [v.bbox for v in visual], 0.5)
+    in_text = any_contained(drawn, [_grow(t, 1.0) for t in textual], 0.5)
+    frames_text = any_containing(paragraphs, drawn, 0.8)
+    cand = [g for g, a, b, c in zip(drawn, in_visual, in_text, frames_text) if not (a or b or c)]
     if not cand:
         return blocks
     gap = _SPLIT_GAP * max(w, h)
-    labels = [ln for ln in lines if not any(containment(ln, p) > 0.5 for p in paragraphs)]
+    labels = [ln for ln, inside in zip(lines, any_contained(lines, paragraphs, 0.5)) if not inside]
     out = list(blocks)
     new_order = -1
     for g in clusters((0.0, 0.0, w, h), cand, gap):

@@ -5,8 +5,15 @@ in a separate process lets the parent kill a page or document that hangs the ren
 and keeps MinerU's process pool under a proper ``__main__``. Frames are length-prefixed pickles; the
 protocol uses a private copy of stdout, and fd 1 is pointed at stderr so library prints cannot corrupt it.
 
-Messages worker -> parent: ("doc", Document) | ("dropped", Dropped) | ("window", [pages]) | ("page", Page)
-| ("fatal", message) | ("error", traceback) | ("done", rss_mb).
+The worker runs the layout backend window by window, further windows of a long document in helper "lane"
+processes beside it (``ParseConfig.backend_lanes``); box clean-up and crops of each window's pages run in
+finisher processes while the backend parses the next windows (``parsing.helpers``).
+
+Messages parent -> worker: a job {"data", "source", "config", "pages", "window", "workdir", "hang"} (answered
+with the messages below, ending with "done"), or {"warm": ParseConfig} (load the backend, start the helpers;
+no answer).
+Messages worker -> parent: ("doc", Document) | ("dropped", Dropped) | ("window", [pages in flight])
+| ("page", Page) | ("fatal", message) | ("error", traceback) | ("done", rss_mb).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import struct
 import sys
 import time
 import traceback
+from collections import deque
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -85,8 +93,13 @@ def rss_mb() -> float:
         return 0.0
 
 
-def run_job(job: dict[str, Any], backends: Any, send: Any) -> None:
-    """One job: a document (bytes) and the pages to parse (None = all), in windows."""
+FINISHERS = min(2, os.cpu_count() or 1)
+"""Helper processes for clean-up and crops: one overlaps the backend, both work once the backend is done."""
+
+
+def run_job(job: dict[str, Any], backends: Any, send: Any, helpers: Any = None) -> float:
+    """One job: a document (bytes) and the pages to parse (None = all), in windows. Returns the largest
+    resident memory of a helper process in MB (0 when ``helpers`` is None: everything runs in-process)."""
     from parsing.core import _hang_if, parse_window, windows
     from parsing.records import Dropped
     from parsing.validate import open_pdf
@@ -97,7 +110,7 @@ def run_job(job: dict[str, Any], backends: Any, send: Any) -> None:
     opened = open_pdf(job["data"], job["source"], config.limits)
     if isinstance(opened, Dropped):
         send(("dropped", opened))
-        return
+        return 0.0
     document, doc = opened
     send(("doc", document))
     pages = job["pages"] if job["pages"] is not None else list(range(document.n_pages))
@@ -105,17 +118,101 @@ def run_job(job: dict[str, Any], backends: Any, send: Any) -> None:
     Path(job["workdir"]).mkdir(parents=True, exist_ok=True)  # e.g. a tmp cleaner removed it
     pdf_path = str(Path(job["workdir"]) / "doc.pdf")
     Path(pdf_path).write_bytes(job["data"])  # MinerU and pymupdf4llm read from a path
+    size = job.get("window") or config.page_window
     try:
-        for window in windows(pages, job.get("window") or config.page_window):
-            send(("window", window))
-            for rec in parse_window(doc, pdf_path, document, window, config, backends, hang):
-                send(("page" if not isinstance(rec, Dropped) else "dropped", rec))
+        if helpers is None:
+            for window in windows(pages, size):
+                send(("window", window))
+                for rec in parse_window(doc, pdf_path, document, window, config, backends, hang):
+                    send(("page" if not isinstance(rec, Dropped) else "dropped", rec))
+            return 0.0
+        return _pipelined(doc, pdf_path, document, list(windows(pages, size)), config, backends, helpers, hang, send)
     finally:
         doc.close()
         Path(pdf_path).unlink(missing_ok=True)
 
 
-def _die_with_parent() -> None:
+def _pipelined(
+    doc: Any,
+    pdf_path: str,
+    document: Any,
+    page_windows: list[list[int]],
+    config: Any,
+    backends: Any,
+    helpers: Any,
+    hang: str | None,
+    send: Any,
+) -> float:
+    """Windows go to the backend in groups of ``1 + config.backend_lanes``, the first here, the others in the
+    helpers' lanes; the finishers clean up and crop each window's pages while the backend parses the next
+    group. Records go out in page order."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from parsing.core import backend_window
+    from parsing.records import Dropped
+
+    outbox: deque[tuple[int, Any]] = deque()  # (page, Future | Dropped) in page order
+    peak = 0.0
+
+    def result(fut: Future[Any]) -> Any:
+        nonlocal peak
+        value, rss = fut.result()
+        peak = max(peak, rss)
+        return value
+
+    def enqueue(parsed: list[tuple[int, Any]]) -> None:
+        for i, r in parsed:
+            outbox.append((i, r if isinstance(r, Dropped) else helpers.finish(i, r, config, hang)))
+
+    def emit(block: bool) -> None:
+        while outbox:
+            _, item = outbox[0]
+            if isinstance(item, Future):
+                if not block and not item.done():
+                    return
+                item = result(item)
+            outbox.popleft()
+            send(("dropped" if isinstance(item, Dropped) else "page", item))
+
+    helpers.open(pdf_path, document)
+    try:
+        group = 1 + config.backend_lanes
+        for k in range(0, len(page_windows), group):
+            mine, *others = page_windows[k : k + group]
+            lanes = [helpers.backend(w, config) for w in others]
+            # The parent's deadline covers the pages the finishers still hold plus this group's windows.
+            send(("window", [i for i, _ in outbox] + [i for w in (mine, *others) for i in w]))
+            enqueue(backend_window(doc, pdf_path, document, mine, config, backends))
+            emit(block=False)
+            for lane in lanes:
+                enqueue(result(lane))
+                emit(block=False)
+        emit(block=True)
+    except BrokenProcessPool:  # a helper died (e.g. MuPDF crashed on a page): crash as the worker would have
+        sys.stderr.write(traceback.format_exc(limit=4))
+        sys.stderr.flush()
+        os._exit(70)  # the parent sees EOF and retries the pages in flight one by one
+    finally:
+        for _, item in outbox:  # only after an error: do not finish pages nobody will read
+            if isinstance(item, Future):
+                item.cancel()
+    return peak
+
+
+def warm(config: Any, backends: Any, helpers: Any) -> None:
+    """Load the backend and start the helpers before the first document arrives (the parent meanwhile
+    loads its tokenizer). Failures are left for the first job to report."""
+    try:
+        backend = backends.get(config.backend, config.tier)
+        if hasattr(backend, "warm"):
+            backend.warm()
+        helpers.warm()
+    except Exception:
+        traceback.print_exc(limit=4)
+
+
+def die_with_parent() -> None:
     """Ask Linux to SIGKILL this worker when its parent dies (no orphans after a kill -9 of the pipeline)."""
     try:
         import ctypes
@@ -130,28 +227,37 @@ def main() -> int:
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed by libraries goes to the worker log, not into the protocol
     proto_in = sys.stdin.buffer
-    _die_with_parent()
+    die_with_parent()
 
     from parsing.backends import BackendUnavailable, ensure_mineru_env
     from parsing.core import BackendSet
+    from parsing.helpers import Helpers
 
     ensure_mineru_env()
     backends = BackendSet()
+    helpers = Helpers(FINISHERS)
 
     def send(msg: Any) -> None:
         write_frame(proto_out, msg)
 
-    while True:
-        job = read_frame_blocking(proto_in)
-        if job is EOF:
-            return 0
-        try:
-            run_job(job, backends, send)
-        except BackendUnavailable as exc:
-            send(("fatal", str(exc)))
-        except Exception:
-            send(("error", traceback.format_exc(limit=8)[-4000:]))
-        send(("done", rss_mb()))
+    try:
+        while True:
+            job = read_frame_blocking(proto_in)
+            if job is EOF:
+                return 0
+            if "warm" in job:
+                warm(job["warm"], backends, helpers)
+                continue
+            helper_rss = 0.0
+            try:
+                helper_rss = run_job(job, backends, send, helpers)
+            except BackendUnavailable as exc:
+                send(("fatal", str(exc)))
+            except Exception:
+                send(("error", traceback.format_exc(limit=8)[-4000:]))
+            send(("done", max(rss_mb(), helper_rss)))
+    finally:
+        helpers.close()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,20 +41,32 @@ def _add_parse_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-ocr", action="store_true", help="do not OCR pages that have no text layer")
     g.add_argument("--page-timeout", type=float, default=60.0, help="seconds per page before it is quarantined")
     g.add_argument("--doc-timeout", type=float, default=600.0, help="seconds per document before it is quarantined")
+    g.add_argument(
+        "--backend-lanes",
+        type=int,
+        default=1,
+        help="extra parser processes per parse worker for the windows of long documents (default 1; 0 = one "
+        "process). The local default of Beam workers is cores / (1 + lanes)",
+    )
 
 
 def _parse_config(args: argparse.Namespace, page_render_dpi: int | None = None):
     from parsing import ParseConfig
 
-    return ParseConfig(
-        backend=args.backend,
-        tier=args.tier,
-        dpi=args.dpi,
-        ocr_fallback=not args.no_ocr,
-        page_timeout_s=args.page_timeout,
-        doc_timeout_s=args.doc_timeout,
-        page_render_dpi=page_render_dpi,
-    )
+    try:
+        return ParseConfig(
+            backend=args.backend,
+            tier=args.tier,
+            dpi=args.dpi,
+            ocr_fallback=not args.no_ocr,
+            page_timeout_s=args.page_timeout,
+            doc_timeout_s=args.doc_timeout,
+            page_render_dpi=page_render_dpi,
+            backend_lanes=args.backend_lanes,
+        )
+    except ValueError as e:  # a bad flag value: say which, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
@@ -82,12 +93,9 @@ def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
     if not any(a.startswith("--direct_num_workers") for a in beam_args) and not any(
         a.startswith("--runner") for a in beam_args
     ):
-        # Local default: one Beam worker process per core, which also proves the DoFns pickle.
-        beam_args = [
-            *beam_args,
-            "--direct_running_mode=multi_processing",
-            f"--direct_num_workers={max(1, min(os.cpu_count() or 1, 8))}",
-        ]
+        from pipelines.corpus import local_beam_args
+
+        beam_args = [*beam_args, *local_beam_args(config)]
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         beam_args = [*beam_args, f"--default_sdk_harness_log_level={'INFO' if args.verbose else 'WARNING'}"]
     manifest = run(args.inputs, args.out, config, beam_args, progress=not args.no_progress)

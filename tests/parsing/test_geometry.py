@@ -4,6 +4,8 @@ import pytest
 
 from parsing.backends import page_range_string
 from parsing.geometry import (
+    any_contained,
+    any_containing,
     clamp,
     containment,
     from_normalized,
@@ -167,3 +169,44 @@ def test_mineru_middle_json_mapping():
     assert blocks[5].html.startswith("<table>")
     assert blocks[6].latex == "a^2+b^2=c^2"
     assert blocks[7].text == "first\nsecond"
+
+
+def _random_boxes(rng, n):
+    """Boxes on a 0..100 grid (exact halves, so touching and identical edges occur), some degenerate."""
+    out = []
+    for _ in range(n):
+        x0, y0 = rng.integers(0, 200, 2) / 2
+        w, h = rng.integers(-2, 60, 2) / 2  # a few empty or inverted boxes
+        out.append((float(x0), float(y0), float(x0 + w), float(y0 + h)))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_vectorised_containment_equals_the_scalar_loops(seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    inner, outer = _random_boxes(rng, 300), _random_boxes(rng, 40)
+    for thr in (0.0, 0.5, 0.8, 0.9):
+        assert any_contained(inner, outer, thr) == [any(containment(i, o) > thr for o in outer) for i in inner]
+        assert any_contained(inner, outer, thr, strict=False) == [
+            any(containment(i, o) >= thr for o in outer) for i in inner
+        ]
+        assert any_containing(inner, outer, thr) == [any(containment(i, o) > thr for i in inner) for o in outer]
+    assert any_contained([], outer, 0.5) == [] and any_contained(inner[:3], [], 0.5) == [False] * 3
+    assert any_containing(inner[:3], [], 0.5) == [] and any_containing([], outer[:2], 0.5) == [False] * 2
+
+
+def test_cluster_dilation_equals_a_summed_area_reference():
+    """``clusters`` dilates occupancy with a max filter; the result equals the (2k+1)² box-sum formulation."""
+    import numpy as np
+    from scipy import ndimage
+
+    rng = np.random.default_rng(3)
+    for shape, k in [((80, 60), 3), ((7, 5), 4), ((1, 1), 2), ((120, 90), 1)]:
+        occ = rng.random(shape) < 0.03
+        s = np.pad(occ.astype(np.int32), ((k + 1, k), (k + 1, k))).cumsum(0).cumsum(1)
+        ref = (s[2 * k + 1 :, 2 * k + 1 :] - s[: -2 * k - 1, 2 * k + 1 :] - s[2 * k + 1 :, : -2 * k - 1]
+               + s[: -2 * k - 1, : -2 * k - 1]) > 0  # fmt: skip
+        got = ndimage.maximum_filter(occ, size=2 * k + 1, mode="constant", cval=False)
+        assert (got == ref).all()

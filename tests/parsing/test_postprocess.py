@@ -135,3 +135,18 @@ def test_framed_algorithm_with_figure_caption_becomes_a_figure():
     (cap,) = [b for b in out if b.kind == "caption"]
     assert cap.caption_of == fig.reading_order
     assert not [b for b in out if b.kind == "text"]  # the algorithm's lines live in the crop now
+
+
+def test_vectorised_paragraph_continuation_equals_the_scalar_check():
+    import numpy as np
+
+    from parsing.postprocess import _continues_any
+
+    rng = np.random.default_rng(0)
+    blocks = [(float(x), float(y), float(x + 200), float(y + 40)) for x, y in rng.integers(0, 400, (30, 2))]
+    lines = [(float(x), float(y), float(x + w), float(y + 10)) for x, y, w in rng.integers(0, 440, (500, 3))]
+    lines += [(b[0] + 1, b[3] + 2, b[2] - 5, b[3] + 12) for b in blocks[:10]]  # real continuations
+    got = _continues_any(lines, blocks, 10.0)
+    assert got == [any(continues_block(ln, b, 10.0) for b in blocks) for ln in lines]
+    assert sum(got) >= 10
+    assert _continues_any(lines[:2], [], 10.0) == [False, False] and _continues_any([], blocks, 10.0) == []

@@ -1,0 +1,160 @@
+"""Helper processes of the parse worker: box clean-up and crops, and a second backend lane.
+
+MinerU keeps about one core busy. So that a build uses the others:
+- clean-up (``parsing.postprocess``) and crop rendering (``parsing.crops``) of a window's pages run in a
+  pool of finisher processes while the backend parses the next window, and on every core once the backend
+  is done with the document;
+- a document of several windows has windows parsed by the backend in lane processes
+  (``ParseConfig.backend_lanes``) beside the worker's own backend (the same call on the same window, so the
+  same boxes).
+
+The parse worker (``parsing.worker``) owns them::
+
+    helpers = Helpers(finishers=2)
+    helpers.open(pdf_path, document)                      # once per document
+    lane = helpers.backend(window, config)                # -> Future[([(page, ParsedPage | Dropped)], rss_mb)]
+                                                          #    (config.backend_lanes processes)
+    fut = helpers.finish(page_index, parsed, config)      # -> Future[(Page | Dropped, rss_mb)]
+    helpers.close()
+
+Helpers are spawned (not forked: MinerU's renderer refuses inherited PDF state), run below the worker's
+priority so the backend on the critical path keeps its core, and die with the worker (``PR_SET_PDEATHSIG``):
+killing a worker whose page hangs the renderer also kills the helper that hangs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pymupdf
+
+    from parsing.backends import ParsedPage
+    from parsing.config import ParseConfig
+    from parsing.core import BackendSet
+    from parsing.records import Document, Dropped, Page
+
+NICE = 5
+"""Helpers' niceness relative to the worker: the worker's backend keeps its core while all are busy."""
+
+_open: tuple[str, str, Any] | None = None  # (path, doc_id, pymupdf.Document) in a helper process
+_backends: BackendSet | None = None  # in the lane process
+
+
+def _init_helper() -> None:
+    from parsing.worker import die_with_parent
+
+    die_with_parent()
+    try:
+        os.nice(NICE)
+    except OSError:
+        pass
+    import pymupdf  # noqa: F401  (import once here, not inside the first page's timing)
+
+    import parsing.core  # noqa: F401
+
+
+def _doc(path: str, doc_id: str) -> pymupdf.Document:
+    """The document, opened once per helper as ``parsing.validate.open_pdf`` opens it (from its bytes)."""
+    global _open
+    if _open is None or _open[:2] != (path, doc_id):
+        from pathlib import Path
+
+        import pymupdf
+
+        if _open is not None:
+            _open[2].close()
+        doc = pymupdf.open(stream=Path(path).read_bytes(), filetype="pdf")
+        if doc.needs_pass:
+            doc.authenticate("")  # validation accepted only documents that open with the empty password
+        _open = (path, doc_id, doc)
+    return _open[2]
+
+
+def _finish(
+    path: str, document: Document, index: int, parsed: ParsedPage, config: ParseConfig, hang: str | None
+) -> tuple[Page | Dropped, float]:
+    from parsing.core import _hang_if, finish_page
+    from parsing.worker import rss_mb
+
+    doc = _doc(path, document.doc_id)
+    _hang_if(hang, f"page:{index}")
+    return finish_page(doc[index], document, parsed, config), rss_mb()
+
+
+def _lane_backends() -> BackendSet:
+    global _backends
+    if _backends is None:
+        from parsing.backends import ensure_mineru_env
+        from parsing.core import BackendSet
+
+        ensure_mineru_env()
+        _backends = BackendSet()
+    return _backends
+
+
+def _lane_parse(
+    path: str, document: Document, window: Sequence[int], config: ParseConfig
+) -> tuple[list[tuple[int, ParsedPage | Dropped]], float]:
+    from parsing.core import backend_window
+    from parsing.worker import rss_mb
+
+    return backend_window(_doc(path, document.doc_id), path, document, window, config, _lane_backends()), rss_mb()
+
+
+def _ready() -> float:
+    from parsing.worker import rss_mb
+
+    return rss_mb()
+
+
+class Helpers:
+    """``finishers`` processes finishing pages plus the backend lanes; each Future resolves to (result, RSS)."""
+
+    def __init__(self, finishers: int) -> None:
+        self.n = max(1, finishers)
+        self._ctx = multiprocessing.get_context("spawn")
+        self._finish = ProcessPoolExecutor(self.n, mp_context=self._ctx, initializer=_init_helper)
+        self._lanes: ProcessPoolExecutor | None = None
+        self._n_lanes = 0
+        self._path = ""
+        self._document: Document | None = None
+
+    def _lane_pool(self, n: int) -> ProcessPoolExecutor:
+        if self._lanes is None or self._n_lanes != n:
+            if self._lanes is not None:
+                self._lanes.shutdown(wait=True, cancel_futures=True)
+            self._lanes = ProcessPoolExecutor(n, mp_context=self._ctx, initializer=_init_helper)
+            self._n_lanes = n
+        return self._lanes
+
+    def warm(self) -> None:
+        """Start the finishers now (each spawn imports PyMuPDF/NumPy/SciPy; not waited for: a page submitted
+        meanwhile queues). Lanes start with the first document of several windows: most papers are one
+        window, and a lane is a second copy of the backend."""
+        for _ in range(self.n):
+            self._finish.submit(_ready)
+
+    def open(self, path: str, document: Document) -> None:
+        self._path, self._document = path, document
+
+    def backend(self, window: Sequence[int], config: ParseConfig) -> Future[Any]:
+        """The backend's ``backend_window`` result for ``window``, computed in a lane process."""
+        assert self._document is not None, "open() a document first"
+        assert config.backend_lanes > 0, "no backend lanes configured"
+        pool = self._lane_pool(config.backend_lanes)
+        return pool.submit(_lane_parse, self._path, self._document, list(window), config)
+
+    def finish(self, index: int, parsed: ParsedPage, config: ParseConfig, hang: str | None = None) -> Future[Any]:
+        """``core.finish_page`` for one page, in a finisher process (FIFO)."""
+        assert self._document is not None, "open() a document first"
+        return self._finish.submit(_finish, self._path, self._document, index, parsed, config, hang)
+
+    def close(self) -> None:
+        for pool in (self._lanes, self._finish):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
