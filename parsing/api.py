@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ TEST_HANG_ENV = "SCIFOLIO_PARSE_TEST_HANG"
 """Test hook: ``open`` or ``page:N`` makes the worker hang there (exercises the timeouts)."""
 
 
+def _remove_files(log: Any, workdir: str) -> None:
+    log.close()
+    Path(log.name).unlink(missing_ok=True)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
 class Parser:
     """Owns one parse worker process and restarts it after a kill, a crash or memory growth.
 
@@ -45,6 +52,9 @@ class Parser:
         self._reader: FrameReader | None = None
         self._log = tempfile.NamedTemporaryFile(prefix="scifolio-parse-worker-", suffix=".log", delete=False)
         self._workdir = tempfile.mkdtemp(prefix="scifolio-parse-")  # the worker's copy of the current PDF
+        # Beam does not promise to call a DoFn's teardown (a multi-process DirectRunner worker just exits):
+        # remove the log and the work directory at interpreter exit too, not only in close().
+        self._cleanup = weakref.finalize(self, _remove_files, self._log, self._workdir)
 
     # ------------------------------------------------------------------------------------------ worker
     def _ensure_worker(self) -> None:
@@ -85,9 +95,7 @@ class Parser:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self._kill()
-        self._log.close()
-        Path(self._log.name).unlink(missing_ok=True)
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        self._cleanup()
 
     def __enter__(self) -> Parser:
         return self

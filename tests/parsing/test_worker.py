@@ -34,3 +34,23 @@ def test_pipelined_worker_equals_in_process_parse(lanes, tmp_path):
     assert [type(p) for p in pages] == [Page, Page] and [p.page_index for p in pages] == [0, 1]
     assert pages == _in_process(data, config, tmp_path)
     assert any(b.crop is not None for p in pages for b in p.blocks)
+
+
+def test_parser_removes_its_files_on_close_and_when_dropped():
+    import gc
+    from pathlib import Path
+
+    from parsing.api import Parser
+
+    p = Parser()
+    log, workdir = Path(p._log.name), Path(p._workdir)
+    assert log.exists() and workdir.is_dir()
+    p.close()
+    assert not log.exists() and not workdir.exists()
+    p.close()  # idempotent
+
+    p = Parser()  # never closed, e.g. a Beam DoFn whose teardown is not called
+    log, workdir = Path(p._log.name), Path(p._workdir)
+    del p
+    gc.collect()
+    assert not log.exists() and not workdir.exists()
