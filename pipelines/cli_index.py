@@ -1,6 +1,7 @@
 """``scifolio index build|query|serve|weights``: the image index from the command line.
 
     scifolio index build out/shards --uri ./index.db --shards 4 --embed-model tiny/retrieval/clip
+    scifolio index build out/shards --uri http://127.0.0.1:19530 --embed-model M --bulk-dir /data/bulk
     scifolio index query "phase diagram" --uri ./index.db --embed-model tiny/retrieval/clip --k 5
     scifolio index query --image fig.png --embed-model M --captioner C --reranker R --rerank
     scifolio index serve --uri ./index.db --embed-model M --captioner C --reranker R --shards-dir out/shards
@@ -78,7 +79,7 @@ def _searcher(args: argparse.Namespace):
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from pipelines.index_job import IndexJobConfig, run
+    from pipelines.index_job import BulkRefused, IndexJobConfig, run
 
     cfg = IndexJobConfig(
         shards_dir=args.shards_dir,
@@ -89,9 +90,14 @@ def cmd_build(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         skip_existing=not args.no_skip_existing,
         device=args.device,
+        bulk_dir=args.bulk_dir,
     )
     beam_args = ["--runner", args.runner, *getattr(args, "beam_args", [])]
-    totals = run(cfg, beam_args)
+    try:
+        totals = run(cfg, beam_args)
+    except BulkRefused as e:  # raised before any work: say why and what to do, no traceback
+        print(f"index build: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(totals, sort_keys=True))
     return 0
 
@@ -199,7 +205,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "build",
         help="embed crops from shards into the sharded index (Beam job)",
         description="Beam job: crops from SHARDS_DIR → embeddings → sharded Milvus collections. "
-        "Resumable (done markers + skip crops already stored); idempotent (upsert by sha256).",
+        "Resumable (done markers + skip crops already stored); idempotent (upsert by sha256). "
+        "With --bulk-dir, a first load into empty collections on a Milvus server goes through bulk import "
+        "instead of row upserts (see --bulk-dir).",
     )
     b.add_argument("shards_dir", help="directory of shard parquet files")
     _index_args(b, build=True)
@@ -208,6 +216,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--batch-size", type=int, default=32, help="crops per embedding batch (default 32)")
     b.add_argument("--state-dir", default=None, help="done markers (default SHARDS_DIR/.index_state/NAME)")
     b.add_argument("--no-skip-existing", action="store_true", help="re-embed crops already in the index")
+    b.add_argument(
+        "--bulk-dir",
+        default=None,
+        metavar="DIR",
+        help="first load through Milvus bulk import instead of upserts: each embedded batch is written as "
+        "bulk-import parquet files (per shard) into DIR, then every file in DIR is imported and rows_imported "
+        "is reported. Server URIs only (Milvus Lite has no import service: refused before any work); DIR must "
+        "be readable by the Milvus server at the same absolute path. Import inserts, so every collection must be "
+        "empty: a re-run after a finished import is refused (add shards later without --bulk-dir; upserts skip "
+        "stored crops). Done markers default to DIR/.index_state; a re-run after a crash skips crops already "
+        "staged in DIR and imports old and new files together. DIR is kept; delete it once imported.",
+    )
     b.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner; never Prism)")
     b.set_defaults(func=cmd_build)
 

@@ -5,16 +5,28 @@ Resumable twice over: a shard file whose crops were all written gets a ``<state_
 already in the index are skipped before embedding (the expensive step) — which also keeps their stored
 quality scores. Upserts are keyed by sha256, so even a full re-run changes nothing.
 
+Bulk path (``bulk_dir``, a first load into empty collections on a Milvus server): instead of upserting, each
+embedded batch is staged as Milvus bulk-import parquet files in ``bulk_dir`` (``s03-<batch id>-00000.parquet``,
+moved in whole, so a crash never leaves a half-written file); after the pipeline the driver drops crops staged
+twice and imports every staged file with ``retrieval.index.bulk_import``. Import has insert semantics, so it is
+refused unless every collection is empty, and Milvus Lite (no import service) is refused before any work.
+Done markers then mean "staged" and live in ``<bulk_dir>/.index_state``; a re-run after a crash skips crops
+already staged and imports old and new files together.
+
     scifolio index build out/shards --uri ./index.db --shards 4 --embed-model tiny/retrieval/clip \\
         --runner DirectRunner
+    scifolio index build out/shards --uri http://127.0.0.1:19530 --embed-model M --bulk-dir /data/bulk
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import apache_beam as beam
@@ -22,9 +34,16 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from retrieval.crops import CropItem, iter_crops, list_shards
-from retrieval.index import IndexConfig, IndexRow, ShardedIndex
+from retrieval.index import IndexConfig, IndexRow, ShardedIndex, bulk_import, write_bulk_files
 
 NAMESPACE = "scifolio.index"
+# A staged bulk file: shard, batch id (one per embedded batch), part (write_bulk_files' rows_per_file split).
+STAGED_RE = re.compile(r"^s(\d{2,})-([0-9a-f]{32})-(\d{5})\.parquet$")
+LAYOUT_FILE = "layout.json"
+
+
+class BulkRefused(ValueError):
+    """The bulk path cannot run against this index (Milvus Lite, non-empty collections, other shard layout)."""
 
 
 @dataclass(frozen=True)
@@ -45,10 +64,20 @@ class IndexJobConfig:
     """Skip crops already in the index (resume; keeps stored quality scores)."""
     device: str = "cpu"
     """torch device for the models."""
+    bulk_dir: str | None = None
+    """Stage embedded batches as Milvus bulk-import parquet files here instead of upserting, then import them
+    after the pipeline (empty collections on a server only). Must be readable by the Milvus server at the same
+    absolute path. None = upsert rows (the default)."""
+    bulk_timeout_s: float = 3600.0
+    """How long the driver waits for the bulk import tasks."""
 
     @property
     def resolved_state_dir(self) -> Path:
-        return Path(self.state_dir) if self.state_dir else Path(self.shards_dir) / ".index_state" / self.index.name
+        if self.state_dir:
+            return Path(self.state_dir)
+        if self.bulk_dir:  # markers mean "staged in bulk_dir", not "in the index": keep them with the files
+            return Path(self.bulk_dir) / ".index_state"
+        return Path(self.shards_dir) / ".index_state" / self.index.name
 
 
 def _marker(state_dir: Path, source: str) -> Path:
@@ -91,12 +120,45 @@ class ReadCrops(beam.DoFn):
         yield beam.pvalue.TaggedOutput("files", (rel, 0))
 
 
+def staged_files(bulk_dir: str | os.PathLike) -> list[Path]:
+    """Every complete staged bulk file in ``bulk_dir`` (absolute paths, sorted)."""
+    root = Path(bulk_dir).absolute()
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if STAGED_RE.match(p.name))
+
+
+def staged_ids(bulk_dir: str | os.PathLike) -> set[str]:
+    """sha256 of every crop already staged (reads one column per file)."""
+    import pyarrow.parquet as pq
+
+    out: set[str] = set()
+    for f in staged_files(bulk_dir):
+        out.update(pq.read_table(f, columns=["sha256"]).column("sha256").to_pylist())
+    return out
+
+
+def stage_batch(rows: Sequence[IndexRow], bulk_dir: str, n_shards: int) -> int:
+    """Write one batch as bulk files (per shard) under a fresh batch id: written into a private temp directory,
+    then each file is renamed into ``bulk_dir`` in one step. Returns rows staged."""
+    batch = uuid.uuid4().hex
+    tmp = Path(bulk_dir) / f".tmp-{batch}"
+    files = write_bulk_files(rows, str(tmp), n_shards)
+    for shard, paths in files.items():
+        for part, path in enumerate(paths):
+            os.replace(path, Path(bulk_dir) / f"s{shard:02d}-{batch}-{part:05d}.parquet")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return len({r.sha256 for r in rows})  # write_bulk_files folds repeats, as upsert does
+
+
 class EmbedAndWrite(beam.DoFn):
-    """A batch of crops → skip stored ones → caption (optional) → embed → upsert. Emits (file, n_written)."""
+    """A batch of crops → skip stored (or staged) ones → caption (optional) → embed → upsert, or stage as bulk
+    files when ``cfg.bulk_dir`` is set. Emits (file, n_written)."""
 
     def __init__(self, cfg: IndexJobConfig):
         self.cfg = cfg
         self.written = Metrics.counter(NAMESPACE, "crops_written")
+        self.staged = Metrics.counter(NAMESPACE, "crops_staged")
         self.skipped = Metrics.counter(NAMESPACE, "crops_skipped_existing")
         self.batches = Metrics.counter(NAMESPACE, "batches")
         self.embed_ms = Metrics.distribution(NAMESPACE, "embed_ms_per_batch")
@@ -112,7 +174,10 @@ class EmbedAndWrite(beam.DoFn):
             else None
         )
         self.index = ShardedIndex(self.cfg.index)
-        self.index.ensure(self.embedder.dim)
+        self.index.ensure(self.embedder.dim)  # also on the bulk path: creates the collections, checks the dim
+        # Bulk path: the collections are empty (checked by the driver); what a resumed run can skip is what an
+        # earlier attempt already staged. Files staged concurrently by other workers are deduped by the driver.
+        self.staged_before = staged_ids(self.cfg.bulk_dir) if self.cfg.bulk_dir and self.cfg.skip_existing else set()
 
     def process(self, batch: Sequence[CropItem]) -> Iterator[tuple[str, int]]:
         import time
@@ -120,7 +185,11 @@ class EmbedAndWrite(beam.DoFn):
         self.batches.inc()
         todo = list({c.sha256: c for c in batch}.values())
         if self.cfg.skip_existing and todo:
-            stored = self.index.existing(c.sha256 for c in todo)
+            stored = (
+                {c.sha256 for c in todo} & self.staged_before
+                if self.cfg.bulk_dir
+                else self.index.existing(c.sha256 for c in todo)
+            )
             self.skipped.inc(len(stored))
             todo = [c for c in todo if c.sha256 not in stored]
         if todo:
@@ -130,7 +199,10 @@ class EmbedAndWrite(beam.DoFn):
             vecs = self.embedder.encode_images(pngs)
             self.embed_ms.update(int((time.perf_counter() - t0) * 1000))
             rows = [IndexRow.from_crop(c, v, cap) for c, v, cap in zip(todo, vecs, captions)]
-            self.written.inc(self.index.upsert(rows))
+            if self.cfg.bulk_dir:
+                self.staged.inc(stage_batch(rows, self.cfg.bulk_dir, self.cfg.index.n_shards))
+            else:
+                self.written.inc(self.index.upsert(rows))
         for c in batch:
             yield c.source, 1
 
@@ -184,8 +256,91 @@ def build(p: beam.Pipeline, cfg: IndexJobConfig, files: list[str]):
     )
 
 
+def prepare_bulk(cfg: IndexJobConfig) -> None:
+    """Driver-side checks before any work on the bulk path; raises BulkRefused with what to do instead."""
+    assert cfg.bulk_dir
+    if cfg.index.is_lite:
+        raise BulkRefused(
+            f"--bulk-dir needs a Milvus server: {cfg.index.uri!r} is Milvus Lite, which has no bulk import "
+            "service. Give a server URI (http://host:19530), or build a Lite index without --bulk-dir (upserts)."
+        )
+    with ShardedIndex(cfg.index) as ix:
+        n = sum(
+            int(ix.cl(i).query(name, filter="", output_fields=["count(*)"], consistency_level="Strong")[0]["count(*)"])
+            for i, name in enumerate(ix.names)
+            if ix.cl(i).has_collection(name)
+        )
+        if n:
+            raise BulkRefused(
+                f"collections {cfg.index.name}_s* at {cfg.index.uri} already hold {n} rows; bulk import only "
+                "loads empty collections (it inserts, so stored ids would be duplicated). Add shards to a built "
+                "index without --bulk-dir (upserts skip stored crops), or drop the collections to re-import."
+            )
+    root = Path(cfg.bulk_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    layout = root / LAYOUT_FILE
+    want = {"n_shards": cfg.index.n_shards}
+    if layout.exists():
+        have = json.loads(layout.read_text())
+        if have != want:
+            raise BulkRefused(f"{root} holds files staged for {have}, this build has {want}; use another --bulk-dir")
+    else:
+        layout.write_text(json.dumps(want))
+    for tmp in root.glob(".tmp-*"):  # batches a crashed worker never moved in
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def dedupe_staged(files: Sequence[Path]) -> int:
+    """Drop rows whose sha256 an earlier file (in path order) already holds: the same crop in two shard files,
+    or a batch staged again by a retried bundle. Rewrites (or removes) the affected files; returns rows dropped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    seen: set[str] = set()
+    dropped = 0
+    for f in files:
+        keep = []
+        for i in pq.read_table(f, columns=["sha256"]).column("sha256").to_pylist():
+            keep.append(i not in seen)
+            seen.add(i)
+        if all(keep):
+            continue
+        dropped += keep.count(False)
+        table = pq.read_table(f).filter(pa.array(keep))
+        if table.num_rows:
+            tmp = f.with_name(f".{f.name}.tmp")
+            pq.write_table(table, tmp)
+            os.replace(tmp, f)
+        else:
+            f.unlink()
+    return dropped
+
+
+def import_staged(cfg: IndexJobConfig) -> dict[str, int]:
+    """Dedupe and import every staged file of ``cfg.bulk_dir``; returns counts for the report."""
+    import pyarrow.parquet as pq
+
+    dropped = dedupe_staged(staged_files(cfg.bulk_dir))
+    files = staged_files(cfg.bulk_dir)
+    by_shard: dict[int, list[str]] = {}
+    for f in files:
+        by_shard.setdefault(int(STAGED_RE.match(f.name).group(1)), []).append(str(f))
+    imported = 0
+    if files:
+        dim = len(pq.read_table(files[0], columns=["vector"]).column("vector")[0])
+        with ShardedIndex(cfg.index) as ix:
+            ix.ensure(dim)  # the workers created them, unless nothing was pending this run
+            imported = bulk_import(ix, by_shard, timeout_s=cfg.bulk_timeout_s)
+    return {"bulk_files": len(files), "bulk_duplicates_dropped": dropped, "rows_imported": imported}
+
+
 def run(cfg: IndexJobConfig, beam_args: Sequence[str] = ()) -> dict[str, int]:
-    """Run the job; returns Beam counter totals (plus ``shard_files_pending`` before the run)."""
+    """Run the job; returns Beam counter totals (plus ``shard_files_pending`` before the run, and on the bulk
+    path ``bulk_files``, ``bulk_duplicates_dropped`` and ``rows_imported``). Raises BulkRefused before any work
+    when the bulk path cannot load this index."""
+    if cfg.bulk_dir:
+        cfg = replace(cfg, bulk_dir=str(Path(cfg.bulk_dir).absolute()))  # the server resolves the paths
+        prepare_bulk(cfg)
     files = pending_shards(cfg)
     args = list(beam_args)
     if not any(a.startswith("--runner") for a in args):
@@ -199,4 +354,6 @@ def run(cfg: IndexJobConfig, beam_args: Sequence[str] = ()) -> dict[str, int]:
     for c in result.metrics().query()["counters"]:
         if c.key.metric.namespace == NAMESPACE:
             totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + int(c.committed or c.attempted or 0)
+    if cfg.bulk_dir:
+        totals.update(import_staged(cfg))
     return totals

@@ -25,6 +25,18 @@ def test_help_mentions_every_subcommand(capsys):
     assert all(w in out for w in ("build", "query", "serve", "weights"))
 
 
+def test_build_bulk_dir_on_lite_exits_2_before_any_work(shards_dir, tmp_path, capsys):
+    args = parse(
+        ["index", "build", str(shards_dir), "--uri", str(tmp_path / "cli.db"), "--embed-model", "unused"]
+        + ["--bulk-dir", str(tmp_path / "bulk")]
+    )
+    assert args.bulk_dir == str(tmp_path / "bulk")
+    assert args.func(args) == 2  # the model is never loaded: the refusal comes first
+    err = capsys.readouterr().err
+    assert "Milvus Lite" in err and "without --bulk-dir" in err
+    assert not (tmp_path / "bulk").exists() and not (tmp_path / "cli.db").exists()
+
+
 @pytest.mark.slow  # Beam build + three model loads
 def test_build_query_weights(shards_dir, tiny_models, tmp_path, capsys):
     uri = str(tmp_path / "cli.db")

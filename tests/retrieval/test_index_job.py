@@ -73,3 +73,126 @@ def test_rewritten_shard_is_ingested_again(shards_dir, tiny_models, tmp_path):
     assert out["crops_read"] == 2 and out["crops_written"] == 2
     with ShardedIndex(cfg.index) as ix:
         assert ix.count() == 14
+
+
+def test_dedupe_staged_keeps_first_copy(shards_dir, tmp_path):
+    import pyarrow.parquet as pq
+    from retrieval_fakes import HashEmbedder
+
+    from pipelines.index_job import dedupe_staged, stage_batch, staged_files, staged_ids
+    from retrieval.crops import iter_crops, list_shards
+    from retrieval.index import IndexRow
+
+    emb = HashEmbedder(8)
+    crops = [c for p in list_shards(shards_dir) for c in iter_crops(p, root=shards_dir)]
+    rows = [IndexRow.from_crop(c, v) for c, v in zip(crops, emb.encode_images([c.png for c in crops]))]
+    bulk = tmp_path / "bulk"
+    assert stage_batch(rows[:8], str(bulk), n_shards=2) == 8
+    assert stage_batch(rows[5:] + rows[5:7], str(bulk), n_shards=2) == 7  # repeats inside a batch fold
+    assert not list(bulk.glob(".tmp-*"))
+    files = staged_files(bulk)
+    assert all(f.is_absolute() for f in files) and {f.name[:3] for f in files} == {"s00", "s01"}
+    assert dedupe_staged(files) == 3  # rows[5:8] were staged twice
+    ids = [i for f in staged_files(bulk) for i in pq.read_table(f).column("sha256").to_pylist()]
+    assert sorted(ids) == sorted(r.sha256 for r in rows) and staged_ids(bulk) == set(ids)
+    assert dedupe_staged(staged_files(bulk)) == 0
+
+
+def test_bulk_build_refuses_lite_before_any_work(shards_dir, tiny_models, tmp_path):
+    from pipelines.index_job import BulkRefused
+    from retrieval.index import IndexConfig
+
+    cfg = IndexJobConfig(
+        shards_dir=str(shards_dir),
+        index=IndexConfig(str(tmp_path / "i.db"), n_shards=2),
+        embed_model=tiny_models["retrieval-clip"],
+        bulk_dir=str(tmp_path / "bulk"),
+    )
+    with pytest.raises(BulkRefused, match="Milvus Lite, which has no bulk import"):
+        run(cfg)
+    assert not (tmp_path / "i.db").exists() and not (tmp_path / "bulk").exists()
+    assert not (shards_dir / ".index_state").exists()
+
+
+def test_bulk_build_on_server_matches_upsert_build(milvus_server, shards_dir, tiny_models, tmp_path):
+    """The bulk path against the real server: same rows and same query answers as the upsert path; crops staged
+    by an interrupted earlier attempt are skipped and imported with the rest; a crop in two shard files is
+    imported once; a re-run into the loaded index is refused before any work."""
+    import uuid
+
+    import numpy as np
+    from retrieval_fakes import COLORS, make_rows
+
+    from pipelines.index_job import BulkRefused, stage_batch, staged_files
+    from pipelines.shards import write_shard
+    from retrieval.crops import iter_crops, list_shards
+    from retrieval.embed import EmbedConfig, STEmbedder
+    from retrieval.index import IndexConfig, IndexRow
+
+    # A third shard file repeating three of doc-a's crops: the same sha256 reaches two batches.
+    write_shard(shards_dir / "shard-dup.parquet", make_rows("doc-a", list(COLORS)[:3], "circle"))
+    clip = tiny_models["retrieval-clip"]
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    up_cfg = IndexJobConfig(
+        shards_dir=str(shards_dir),
+        index=IndexConfig(milvus_server, name=f"{prefix}up", n_shards=2),
+        embed_model=clip,
+        batch_size=5,
+    )
+    bulk = tmp_path / "bulk"
+    bulk_cfg = IndexJobConfig(
+        shards_dir=str(shards_dir),
+        index=IndexConfig(milvus_server, name=f"{prefix}bulk", n_shards=2),
+        embed_model=clip,
+        batch_size=5,
+        bulk_dir=str(bulk),
+        bulk_timeout_s=180,
+    )
+    emb = STEmbedder(EmbedConfig(clip)).load()
+    crops = [c for p in list_shards(shards_dir) for c in iter_crops(p, root=shards_dir)]
+    # An earlier bulk attempt that staged two crops and died, leaving a half-moved batch behind.
+    pre = [c for c in crops if c.source == "shard-00001-of-00002.parquet"][:2]
+    stage_batch([IndexRow.from_crop(c, v) for c, v in zip(pre, emb.encode_images([c.png for c in pre]))], str(bulk), 2)
+    (bulk / f".tmp-{uuid.uuid4().hex}").mkdir()
+    try:
+        up = run(up_cfg)
+        assert up["crops_written"] == 12
+        out = run(bulk_cfg)
+        assert out["shard_files_pending"] == 3 and out["crops_read"] == 15 and out["shard_files_done"] == 3
+        assert out["crops_skipped_existing"] == 2 and out.get("crops_written", 0) == 0
+        assert out["crops_staged"] + 2 - out["bulk_duplicates_dropped"] == out["rows_imported"] == 12
+        assert out["bulk_files"] == len(staged_files(bulk)) and not list(bulk.glob(".tmp-*"))
+        assert sorted((bulk / ".index_state").glob("*.done"))  # markers live with the staged files
+
+        with ShardedIndex(up_cfg.index) as ux, ShardedIndex(bulk_cfg.index) as bx:
+            ids = ux.ids()
+            assert len(ids) == 12 and bx.ids() == ids and bx.counts() == ux.counts()
+            # A crop held by two files keeps one copy's provenance; which copy may differ between the paths.
+            twice = {c.sha256 for c in crops if c.source == "shard-dup.parquet"}
+            by_up = {r["sha256"]: r for r in ux.get(ids, with_vectors=True)}
+            for r in bx.get(ids, with_vectors=True):
+                u = by_up[r["sha256"]]
+                fields = ["kind", "doc_id", "caption", "quality"]
+                if r["sha256"] not in twice:
+                    fields += ["page_index", "context", "source", "row"]
+                assert {f: r[f] for f in fields} == {f: u[f] for f in fields}
+                assert np.allclose(r["vector"], u["vector"], atol=1e-6)
+            # Same answers to text and image queries.
+            queries = np.concatenate(
+                [emb.encode_texts(["a red circle", "a blue square"]), emb.encode_images([crops[4].png])]
+            )
+            for hu, hb in zip(ux.search(queries, k=6), bx.search(queries, k=6)):
+                assert [h.sha256 for h in hb] == [h.sha256 for h in hu]
+                assert [h.score for h in hb] == pytest.approx([h.score for h in hu], abs=1e-4)
+            top = bx.search(queries[2:], k=1)[0][0]
+            assert top.sha256 == crops[4].sha256 and top.source == crops[4].source and top.row == crops[4].row
+
+        # Import inserts: a second bulk build into the loaded collections is refused before reading anything.
+        files_before = staged_files(bulk)
+        with pytest.raises(BulkRefused, match="already hold 12 rows"):
+            run(bulk_cfg)
+        assert staged_files(bulk) == files_before
+    finally:
+        for c in (up_cfg, bulk_cfg):
+            with ShardedIndex(c.index) as ix:
+                ix.drop()
