@@ -64,8 +64,7 @@ def _cpu_signature() -> str:
     return platform.processor()
 
 
-@functools.cache
-def library() -> ctypes.CDLL:
+def _build_and_load() -> ctypes.CDLL:
     """Build (once per cache key) and load the kernels; raises ``NativeUnavailable`` with the reason."""
     cc = _compiler()
     try:
@@ -99,13 +98,27 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-def available() -> bool:
+@functools.cache
+def _loaded() -> ctypes.CDLL | NativeUnavailable:
+    """One attempt per process, its failure remembered too: without a compiler, every loss call would
+    otherwise run the compiler again."""
     try:
-        library()
+        return _build_and_load()
     except NativeUnavailable as e:
         log.debug("native RL kernels unavailable: %s", e)
-        return False
-    return True
+        return e
+
+
+def library() -> ctypes.CDLL:
+    """The loaded kernels; raises ``NativeUnavailable`` with the reason when they cannot be built here."""
+    lib = _loaded()
+    if isinstance(lib, NativeUnavailable):
+        raise NativeUnavailable(*lib.args)
+    return lib
+
+
+def available() -> bool:
+    return not isinstance(_loaded(), NativeUnavailable)
 
 
 @functools.cache
@@ -224,10 +237,7 @@ BACKENDS = ("auto", "native", "torch")
 
 @functools.cache
 def _warn_unavailable() -> None:
-    try:
-        library()
-    except NativeUnavailable as e:
-        log.warning("native RL kernels unavailable, using the PyTorch path (slower): %s", e)
+    log.warning("native RL kernels unavailable, using the PyTorch path (slower): %s", _loaded())
 
 
 def use_native(backend: str, *tensors: Tensor) -> bool:

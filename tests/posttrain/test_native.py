@@ -158,25 +158,27 @@ def test_native_refuses_what_it_cannot_take() -> None:
 
 def test_build_is_cached_and_a_broken_compiler_is_reported(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setenv("SCIFOLIO_NATIVE_CACHE", str(tmp_path / "cache"))
-    native.library.cache_clear()
+    native._loaded.cache_clear()
     native._warn_unavailable.cache_clear()
     try:
         lib = native.library()
         built = list((tmp_path / "cache").glob("*/libfused_rl.so"))
         assert len(built) == 1 and lib._name == str(built[0])
-        native.library.cache_clear()
+        native._loaded.cache_clear()
         native.library()  # second load: no rebuild, same file
         assert list((tmp_path / "cache").glob("*/libfused_rl.so")) == built
 
         monkeypatch.setenv("CC", "false")  # a "compiler" that fails
         monkeypatch.setenv("SCIFOLIO_NATIVE_CACHE", str(tmp_path / "other"))
-        native.library.cache_clear()
+        native._loaded.cache_clear()
         assert not native.available()
         with pytest.raises(native.NativeUnavailable):
             native.use_native("native", torch.zeros(1))
         with caplog.at_level(logging.WARNING, logger="posttrain.native"):
             assert native.use_native("auto", torch.zeros(1)) is False
         assert "unavailable" in caplog.text
+        monkeypatch.delenv("CC")  # the failure is remembered: no new build attempt on every call
+        assert not native.available()
     finally:
-        native.library.cache_clear()
+        native._loaded.cache_clear()
         native._warn_unavailable.cache_clear()
