@@ -86,16 +86,10 @@ def policy_loss(
     # count_nonzero, not bool .sum(): the latter first copies the mask to int64 (~5x slower here).
     n_resp = torch.count_nonzero(resp)
     n_keep = n_resp if keep_mask is None else torch.count_nonzero(keep)
-    denom = n_resp if n_tokens is None else torch.as_tensor(n_tokens)
-    denom_f = denom.to(device=logprobs.device, dtype=logprobs.dtype).clamp(min=1)
+    denom, denom_f = _denominator(n_resp, n_tokens, logprobs)
     loss = -(coeff * safe_logp).sum() / denom_f
     with torch.no_grad():
-        n_clipped = torch.count_nonzero(keep & (weight != rho))
-        stats = LossStats(
-            n_tokens=denom.detach(),
-            clip_fraction=n_clipped / n_keep.clamp(min=1),
-            kept_fraction=n_keep / n_resp.clamp(min=1),
-        )
+        stats = _stats(denom, torch.count_nonzero(keep & (weight != rho)), n_keep, n_resp)
     return loss, stats
 
 
@@ -112,6 +106,14 @@ def policy_loss(
 def _clip_count(buf: Tensor, lo: float, hi: float) -> Tensor:
     """Exact number of entries of ``buf`` outside ``[lo, hi]`` (before clamping), as an int64 tensor."""
     return torch.count_nonzero(buf < lo) + torch.count_nonzero(buf > hi)
+
+
+def _stats(denom: Tensor, n_clipped: Tensor, n_keep: Tensor, n_resp: Tensor) -> LossStats:
+    return LossStats(
+        n_tokens=denom.detach(),
+        clip_fraction=n_clipped / n_keep.clamp(min=1),
+        kept_fraction=n_keep / n_resp.clamp(min=1),
+    )
 
 
 def _denominator(n_resp: Tensor, n_tokens: Tensor | float | None, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -191,12 +193,7 @@ def packed_policy_loss_and_grad(
         loss, n_clipped, g = native.packed_loss_grad(
             logprobs, behaviour_logprobs, native.offsets_of(flat_len), coef, keep, lo, hi, grad_out
         )
-        stats = LossStats(
-            n_tokens=denom.detach(),
-            clip_fraction=torch.tensor(n_clipped) / n_keep.clamp(min=1),
-            kept_fraction=n_keep / n_resp.clamp(min=1),
-        )
-        return torch.tensor(loss, dtype=logprobs.dtype), g, stats
+        return torch.tensor(loss, dtype=logprobs.dtype), g, _stats(denom, torch.tensor(n_clipped), n_keep, n_resp)
     if backend == "native":
         raise ValueError("the native backend takes per-response advantages (lengths' shape)")
     if per_response:  # gather onto the tokens
@@ -235,12 +232,7 @@ def _fused_loss_and_grad(
         g.masked_fill_(drop, 0.0)
         # where() so that -inf/NaN logprobs on padding cannot poison the sum (0 · -inf = NaN).
         loss = torch.dot(g.reshape(-1), torch.where(keep, logprobs, 0.0).reshape(-1))
-    stats = LossStats(
-        n_tokens=denom.detach(),
-        clip_fraction=n_clipped / n_keep.clamp(min=1),
-        kept_fraction=n_keep / n_resp.clamp(min=1),
-    )
-    return loss, g, stats
+    return loss, g, _stats(denom, n_clipped, n_keep, n_resp)
 
 
 class PolicyLossFn(torch.autograd.Function):
