@@ -6,7 +6,7 @@ Both sides parse with MinerU flash (text-layer mode: OCR needs models that are n
 adds validation, the killable parse worker, box clean-up, crops at 200 DPI, tokenisation, chunking, shard
 and manifest writing and the Beam runner's overhead. The bare loop calls MinerU once per file in one
 process; MinerU keeps about one core busy. The build is measured with ``scifolio build``'s local default
-(``pipelines.corpus.local_beam_args``: one Beam worker per 1 + backend_lanes cores; the headline ratio),
+(``pipelines.jobs.corpus.local_beam_args``: one Beam worker per 1 + backend_lanes cores; the headline ratio),
 with one Beam worker and no backend lane (``ParseConfig.backend_lanes=0``: MinerU then runs in one process,
 as in the bare loop, and only clean-up/crops overlap it), and, where that differs from the default, with
 one Beam worker per core. Each build starts from an empty output directory (no resumption).
@@ -54,8 +54,8 @@ def build(paths_dir: Path, tokenizer: str, workers: int | None, lanes: int = 1) 
     Returns (seconds, Beam workers used)."""
     from parsing import ParseConfig
     from parsing.api import close_default_parser
-    from pipelines.build import BuildConfig
-    from pipelines.corpus import local_beam_args, run
+    from pipelines.assembly.build import BuildConfig
+    from pipelines.jobs.corpus import local_beam_args, run
 
     out = Path(tempfile.mkdtemp(prefix="bench-build-"))
     try:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def make_pages(n: int, seed: int = 0) -> list:
     from PIL import Image, ImageDraw
 
-    from parsing.records import Block, Crop, Page
+    from formats.records import Block, Crop, Page
     from visual_gain.tiny import _WORDS
 
     rng = random.Random(seed)

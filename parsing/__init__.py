@@ -8,7 +8,7 @@ Heavy libraries (MinerU, PyMuPDF, ONNX models) load only inside the parse worker
 from parsing.api import PARSER_VERSION, Parser, available_backends, iter_parse, warm_up
 from parsing.backends import BackendUnavailable, LayoutBackend
 from parsing.config import Limits, ParseConfig
-from parsing.records import Block, Crop, Document, Dropped, Page
+from formats.records import Block, Crop, Document, Dropped, Page
 
 __all__ = [
     "PARSER_VERSION",

@@ -23,7 +23,7 @@ from typing import Any
 
 from parsing.backends import BackendUnavailable, ensure_mineru_env
 from parsing.config import ParseConfig
-from parsing.records import Document, Dropped, Page, sha256_hex
+from formats.records import Document, Dropped, Page, sha256_hex
 from parsing.validate import quick_checks
 from parsing.worker import EOF, TIMEOUT, FrameReader, write_frame
 

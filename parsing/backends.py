@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from parsing.geometry import BBox, clamp, containment, from_normalized, from_pixels, link_captions, reading_order
-from parsing.records import Block
+from formats.records import Block
 
 if TYPE_CHECKING:
     import pymupdf

@@ -15,7 +15,7 @@ from parsing.config import ParseConfig
 from parsing.crops import crop_blocks, render_page
 from parsing.geometry import area
 from parsing.postprocess import refine_blocks
-from parsing.records import Block, Document, Dropped, Page
+from formats.records import Block, Document, Dropped, Page
 
 if TYPE_CHECKING:
     import pymupdf

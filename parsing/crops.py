@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from parsing.config import ParseConfig
 from parsing.geometry import BBox, pad
-from parsing.records import CROPPED_KINDS, Block, Crop
+from formats.records import CROPPED_KINDS, Block, Crop
 
 if TYPE_CHECKING:
     import pymupdf

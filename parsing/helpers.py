@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from parsing.backends import ParsedPage
     from parsing.config import ParseConfig
     from parsing.core import BackendSet
-    from parsing.records import Document, Dropped, Page
+    from formats.records import Document, Dropped, Page
 
 NICE = 5
 """Helpers' niceness relative to the worker: the worker's backend keeps its core while all are busy."""

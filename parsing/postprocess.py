@@ -35,7 +35,7 @@ from parsing.geometry import (
     union,
     vertical_gap,
 )
-from parsing.records import CROPPED_KINDS, Block
+from formats.records import CROPPED_KINDS, Block
 
 if TYPE_CHECKING:
     import numpy as np

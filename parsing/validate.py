@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from parsing.config import Limits
-from parsing.records import Document, Dropped, sha256_hex
+from formats.records import Document, Dropped, sha256_hex
 
 if TYPE_CHECKING:
     import pymupdf

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from parsing.records import Page
+from formats.records import Page
 
 COLOURS = {
     "figure": (1, 0, 0),

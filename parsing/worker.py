@@ -101,7 +101,7 @@ def run_job(job: dict[str, Any], backends: Any, send: Any, helpers: Any = None) 
     """One job: a document (bytes) and the pages to parse (None = all), in windows. Returns the largest
     resident memory of a helper process in MB (0 when ``helpers`` is None: everything runs in-process)."""
     from parsing.core import _hang_if, parse_window, windows
-    from parsing.records import Dropped
+    from formats.records import Dropped
     from parsing.validate import open_pdf
 
     config = job["config"]
@@ -150,7 +150,7 @@ def _pipelined(
     from concurrent.futures.process import BrokenProcessPool
 
     from parsing.core import backend_window
-    from parsing.records import Dropped
+    from formats.records import Dropped
 
     outbox: deque[tuple[int, Any]] = deque()  # (page, Future | Dropped) in page order
     peak = 0.0

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from pipelines.build import iter_quarantine
+from pipelines.assembly.build import iter_quarantine
 
 
 def svg_histogram(
@@ -72,7 +72,7 @@ def _iter_shard_rows(out: Path, manifest: dict[str, Any], columns: list[str]) ->
 
 def _draw_page(source: str, page: dict[str, Any], dpi: int = 60) -> bytes | None:
     """A page of the source PDF with the boxes of its layout sidecar drawn (None if the PDF is gone)."""
-    from parsing.records import Block, Page
+    from formats.records import Block, Page
     from parsing.visualize import draw_boxes
 
     if not Path(source).is_file():

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from parsing.records import Page
+from formats.records import Page
 
 from .thresholds import FitResult, Thresholds, fit_threshold, page_domain, page_text
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from parsing.records import Page
+from formats.records import Page
 
 from .adapters import ImageInput, VLMAdapter, adapter_for
 from .perplexity import VisualGain

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from parsing.records import Dropped, Page
+from formats.records import Dropped, Page
 
 DOMAINS: tuple[str, ...] = ("life_sciences", "chemistry", "materials_science", "default")
 DEFAULT_PATH = Path(__file__).with_name("thresholds.json")

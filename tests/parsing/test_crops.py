@@ -45,7 +45,7 @@ def test_crops_from_one_display_list_equal_per_box_page_renders():
     from parsing.config import ParseConfig
     from parsing.crops import crop_blocks
     from parsing.geometry import pad
-    from parsing.records import Block
+    from formats.records import Block
 
     page = _page()
     cfg = ParseConfig()
@@ -88,7 +88,7 @@ def test_page_crops_do_not_depend_on_what_was_rendered_before():
     from parsing.backends import ParsedPage
     from parsing.config import ParseConfig
     from parsing.core import finish_page
-    from parsing.records import Block, Document
+    from formats.records import Block, Document
 
     data = _bilevel_scan_pdf()
     box = (54.9, 292.7, 148.3, 303.5)

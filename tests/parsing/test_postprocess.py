@@ -8,7 +8,7 @@ import pytest
 
 from parsing.geometry import iou
 from parsing.postprocess import continues_block, refine_blocks, split_figure
-from parsing.records import Block
+from formats.records import Block
 from tests.parsing.fixtures import _plot_png
 
 

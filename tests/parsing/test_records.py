@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from parsing.records import Block, Crop, Dropped, Page, sha256_hex
+from formats.records import Block, Crop, Dropped, Page, sha256_hex
 from tests.parsing.fixtures import paper_pdf
 
 

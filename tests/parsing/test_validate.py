@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from parsing import Document, Dropped, Limits, Page, ParseConfig
-from parsing.records import sha256_hex
+from formats.records import sha256_hex
 from tests.parsing import fixtures as F
 
 BAD = {

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from parsing.records import Block, Crop, Document, Dropped, Page
-from pipelines.build import BuildConfig, DocumentBuilder, WorkStore, shard_of, write_shard_from_docs
-from pipelines.interleave import ImageTokenRule, page_segments
+from formats.records import Block, Crop, Document, Dropped, Page
+from pipelines.assembly.build import BuildConfig, DocumentBuilder, WorkStore, shard_of, write_shard_from_docs
+from pipelines.assembly.interleave import ImageTokenRule, page_segments
 from pipelines.shards import SHARD_SCHEMA, ChunkRow
 
 

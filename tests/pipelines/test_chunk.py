@@ -6,8 +6,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from pipelines.chunk import chunk_bounds, chunk_document
-from pipelines.interleave import TokenizedSegment
+from pipelines.assembly.chunk import chunk_bounds, chunk_document
+from pipelines.assembly.interleave import TokenizedSegment
 from pipelines.shards import Segment
 
 

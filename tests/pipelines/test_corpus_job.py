@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _config(tokenizer: str, backend: str = "pymupdf"):
     from parsing import ParseConfig
-    from pipelines.build import BuildConfig
+    from pipelines.assembly.build import BuildConfig
 
     return BuildConfig(
         tokenizer=tokenizer,
@@ -61,7 +61,7 @@ def test_test_pipeline_builds_shards_and_quarantine(corpus: Path, tmp_path: Path
     from apache_beam.testing.test_pipeline import TestPipeline
 
     from parsing import PARSER_VERSION, available_backends
-    from pipelines.corpus import build_pipeline, write_manifest
+    from pipelines.jobs.corpus import build_pipeline, write_manifest
 
     config = _config(tiny_tokenizer)
     out = tmp_path / "out"
@@ -108,7 +108,7 @@ def test_parse_view_writes_one_row_per_block(corpus: Path, tmp_path: Path):
     import pyarrow.parquet as pq
 
     from parsing import ParseConfig
-    from pipelines.parse_view import BLOCKS_SCHEMA, run_parse
+    from pipelines.jobs.parse_view import BLOCKS_SCHEMA, run_parse
 
     counts = run_parse([str(corpus)], tmp_path, ParseConfig(backend="pymupdf"))
     table = pq.read_table(tmp_path / "blocks.parquet")
@@ -195,9 +195,9 @@ def test_build_with_visual_gain_scores_every_kept_page(corpus: Path, tmp_path: P
     """The visual-gain slot in the real job: kept pages carry ΔH, dropped ones are dead letters with the numbers,
     the manifest has per-domain histograms, and every scored page is exported for review."""
     from parsing import ParseConfig
-    from pipelines.build import BuildConfig
-    from pipelines.corpus import run
-    from pipelines.stages import VisualGainSlot
+    from pipelines.assembly.build import BuildConfig
+    from pipelines.jobs.corpus import run
+    from pipelines.jobs.stages import VisualGainSlot
     from visual_gain.review import read_scored_pages
     from visual_gain.scorer import VisualGainConfig
     from visual_gain.thresholds import Thresholds

@@ -6,7 +6,7 @@ import pytest
 
 
 def test_parsed_records_are_replayed_with_the_parse_error_where_it_happened():
-    from pipelines.corpus import _Parsed
+    from pipelines.jobs.corpus import _Parsed
 
     def records():
         yield "doc"
@@ -23,7 +23,7 @@ def test_parsed_records_are_replayed_with_the_parse_error_where_it_happened():
 
 
 def test_background_load_returns_the_result_or_raises_the_error():
-    from pipelines.corpus import _in_background
+    from pipelines.jobs.corpus import _in_background
 
     assert _in_background(lambda a, b: a + b, 2, 3).result(timeout=10) == 5
 
@@ -36,8 +36,8 @@ def test_background_load_returns_the_result_or_raises_the_error():
 
 def test_local_default_gives_each_parse_worker_its_lanes_of_cores():
     from parsing import ParseConfig
-    from pipelines.build import BuildConfig
-    from pipelines.corpus import local_beam_args
+    from pipelines.assembly.build import BuildConfig
+    from pipelines.jobs.corpus import local_beam_args
 
     def args(cores: int, lanes: int = 1) -> list[str]:
         return local_beam_args(BuildConfig(tokenizer="t", parse=ParseConfig(backend_lanes=lanes)), cores)

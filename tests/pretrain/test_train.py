@@ -91,7 +91,7 @@ def _loopback_only() -> bool:
     "loopback-only namespace (unshare -n sh -c 'ip link set lo up && exec pytest ...')",
 )
 def test_world_size_2_through_deepspeed_launcher(corpus: Path, tiny_models: Path, tmp_path: Path) -> None:
-    from pipelines.cli_pretrain import register
+    from pipelines.cli.pretrain import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
@@ -127,7 +127,7 @@ def test_world_size_2_through_deepspeed_launcher(corpus: Path, tiny_models: Path
 
 
 def test_cli_dry_run_builds_deepspeed_command(capsys: pytest.CaptureFixture[str]) -> None:
-    from pipelines.cli_pretrain import register
+    from pipelines.cli.pretrain import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

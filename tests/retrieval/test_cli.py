@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pipelines.cli_index import register
+from pipelines.cli.index import register
 
 pytestmark = pytest.mark.integration
 

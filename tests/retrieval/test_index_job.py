@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipelines.index_job import IndexJobConfig, pending_shards, run
+from pipelines.jobs.index import IndexJobConfig, pending_shards, run
 from retrieval.index import ShardedIndex
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # Beam + model load: ~20-40 s each here
@@ -79,7 +79,7 @@ def test_dedupe_staged_keeps_first_copy(shards_dir, tmp_path):
     import pyarrow.parquet as pq
     from retrieval_fakes import HashEmbedder
 
-    from pipelines.index_job import dedupe_staged, stage_batch, staged_files, staged_ids
+    from pipelines.jobs.index import dedupe_staged, stage_batch, staged_files, staged_ids
     from retrieval.crops import iter_crops, list_shards
     from retrieval.index import IndexRow
 
@@ -99,7 +99,7 @@ def test_dedupe_staged_keeps_first_copy(shards_dir, tmp_path):
 
 
 def test_bulk_build_refuses_lite_before_any_work(shards_dir, tiny_models, tmp_path):
-    from pipelines.index_job import BulkRefused
+    from pipelines.jobs.index import BulkRefused
     from retrieval.index import IndexConfig
 
     cfg = IndexJobConfig(
@@ -123,7 +123,7 @@ def test_bulk_build_on_server_matches_upsert_build(milvus_server, shards_dir, ti
     import numpy as np
     from retrieval_fakes import COLORS, make_rows
 
-    from pipelines.index_job import BulkRefused, stage_batch, staged_files
+    from pipelines.jobs.index import BulkRefused, stage_batch, staged_files
     from pipelines.shards import write_shard
     from retrieval.crops import iter_crops, list_shards
     from retrieval.embed import EmbedConfig, STEmbedder

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from vg_helpers import make_page, png_bytes, scored_page
 
-from pipelines.cli_review import register
+from pipelines.cli.review import register
 from visual_gain.review import (
     ReviewConfig,
     export_review,

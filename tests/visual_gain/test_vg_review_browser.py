@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from vg_helpers import scored_page
 
-from pipelines.cli_review import register
+from pipelines.cli.review import register
 from tests.browser import HAVE_CHROMIUM, NO_CHROMIUM, chromium_driver
 from visual_gain.review import ReviewConfig, export_review
 from visual_gain.thresholds import Thresholds

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from vg_helpers import make_page, png_bytes
 
-from parsing.records import Block, Crop, Page
+from formats.records import Block, Crop, Page
 from visual_gain.scorer import VisualGainConfig, VisualGainScorer, build_page_rows, plan_batches, resolve_dtype
 
 FAMILIES = ["visual_gain_vlm", "visual_gain_vlm_qwen2_5", "visual_gain_vlm_llava"]

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from vg_helpers import make_page, png_bytes
 
-from parsing.records import Dropped, Page
+from formats.records import Dropped, Page
 from visual_gain.perplexity import VisualGain
 from visual_gain.thresholds import DOMAINS, Thresholds, classify_text, domain_of, fit_threshold, page_domain
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from parsing.records import Block, Crop, Page
+from formats.records import Block, Crop, Page
 
 
 def png_bytes(color: tuple[int, int, int], size: tuple[int, int] = (64, 48), stripe: bool = False) -> bytes:

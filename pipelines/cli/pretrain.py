@@ -51,7 +51,7 @@ def launcher_command(args: argparse.Namespace) -> list[str]:
 def launcher_env() -> dict[str, str]:
     import torch
 
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     if "DS_ACCELERATOR" not in env and not torch.cuda.is_available():
         env["DS_ACCELERATOR"] = "cpu"

@@ -79,7 +79,7 @@ def _searcher(args: argparse.Namespace):
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from pipelines.index_job import BulkRefused, IndexJobConfig, run
+    from pipelines.jobs.index import BulkRefused, IndexJobConfig, run
 
     cfg = IndexJobConfig(
         shards_dir=args.shards_dir,

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from parsing.records import Document, Dropped, Page
+from formats.records import Document, Dropped, Page
 
 BLOCKS_SCHEMA = pa.schema(
     [
@@ -68,7 +68,7 @@ def run_parse(inputs: Sequence[str], out: Path, config: Any, save_crops: bool = 
     from tqdm import tqdm
 
     from parsing import iter_parse
-    from pipelines.corpus import list_inputs
+    from pipelines.jobs.corpus import list_inputs
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "quarantine").mkdir(exist_ok=True)

@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from parsing.records import Document, Dropped, Page
-from pipelines.chunk import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, chunk_document
-from pipelines.interleave import ImageTokenRule, Tokenizer, interleave_document
+from formats.records import Document, Dropped, Page
+from pipelines.assembly.chunk import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, chunk_document
+from pipelines.assembly.interleave import ImageTokenRule, Tokenizer, interleave_document
 from pipelines.shards import SCHEMA_VERSION, SHARD_SCHEMA, ChunkRow, file_sha256
 
 # A page filter is the visual-gain slot: it receives a document's parsed pages (with the Document for its

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from parsing.records import Page
+from formats.records import Page
 from pipelines.shards import Segment
 
 PARAGRAPH_SEP = "\n\n"

@@ -37,8 +37,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from parsing.records import Dropped
-from pipelines.build import (
+from formats.records import Dropped
+from pipelines.assembly.build import (
     BuildConfig,
     DocumentBuilder,
     WorkStore,
@@ -135,7 +135,7 @@ class ProcessDocument(beam.DoFn):
 
     def setup(self) -> None:
         from parsing import warm_up
-        from pipelines.stages import make_page_filter
+        from pipelines.jobs.stages import make_page_filter
 
         # The parse worker loads MinerU and starts its helpers while this process loads the tokenizer.
         if self.config.parse is not None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.interleave import TokenizedSegment
+from pipelines.assembly.interleave import TokenizedSegment
 from pipelines.shards import Segment
 
 DEFAULT_MAX_TOKENS = 262_144

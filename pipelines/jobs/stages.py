@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from parsing.records import Document, Dropped, Page
+from formats.records import Document, Dropped, Page
 
 
 @dataclass(frozen=True)

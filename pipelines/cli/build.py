@@ -1,0 +1,100 @@
+"""``scifolio build``: the corpus job (Apache Beam).
+
+scifolio build ../shared/samples --out out/ --tokenizer tiny/tokenizer
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipelines.cli.parse import _add_parse_options, _parse_config
+
+
+def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.assembly.build import BuildConfig
+    from pipelines.assembly.chunk import DEFAULT_MAX_TOKENS
+    from pipelines.assembly.interleave import ImageTokenRule
+    from pipelines.jobs.corpus import run
+    from pipelines.jobs.stages import visual_gain_config
+
+    if args.overlap >= args.max_tokens:
+        print(
+            f"error: --overlap ({args.overlap}) must be smaller than --max-tokens ({args.max_tokens})", file=sys.stderr
+        )
+        return 2
+    config = BuildConfig(
+        tokenizer=args.tokenizer,
+        max_tokens=args.max_tokens,
+        overlap=args.overlap,
+        image_tokens=ImageTokenRule(max_tokens=min(args.max_image_tokens, args.max_tokens or DEFAULT_MAX_TOKENS)),
+        docs_per_shard=args.docs_per_shard,
+        parse=_parse_config(args, args.page_render_dpi if args.page_renders else None),
+        visual_gain=visual_gain_config(args),
+    )
+    if not any(a.startswith("--direct_num_workers") for a in beam_args) and not any(
+        a.startswith("--runner") for a in beam_args
+    ):
+        from pipelines.jobs.corpus import local_beam_args
+
+        beam_args = [*beam_args, *local_beam_args(config)]
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        beam_args = [*beam_args, f"--default_sdk_harness_log_level={'INFO' if args.verbose else 'WARNING'}"]
+    manifest = run(args.inputs, args.out, config, beam_args, progress=not args.no_progress)
+    t = manifest["totals"]
+    print(
+        f"shards: {len(manifest['shards'])}  chunks: {t['chunks']}  tokens: {t['tokens']}  "
+        f"documents in shards: {t['documents_in_shards']}  quarantined: {t['documents_quarantined']}  "
+        f"({manifest['elapsed_s']} s)"
+    )
+    print("metrics:")
+    for key, value in manifest["metrics"].items():
+        print(f"  {key}: {value}")
+    if manifest["dropped_by_reason"]:
+        print("dropped:")
+        for key, value in manifest["dropped_by_reason"].items():
+            print(f"  {key}: {value}")
+    print(f"manifest: {Path(args.out) / 'manifest.json'}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser(
+        "build",
+        help="the corpus job: PDFs → parsed pages → crops → interleaved chunks → shards (Apache Beam)",
+        description="Run the corpus job. INPUT: files, directories (every PDF below), globs, or Beam filesystem "
+        "URLs (gs://, s3://). Unknown flags are Beam pipeline options (default runner: DirectRunner, "
+        "multi-process). Reruns over the same inputs and config skip finished documents.",
+        epilog="example: scifolio build ../shared/samples --out out --tokenizer tiny/tokenizer",
+    )
+    b.add_argument("inputs", nargs="+", metavar="INPUT")
+    b.add_argument("--out", required=True, help="output directory (shards/, quarantine/, manifest.json)")
+    b.add_argument(
+        "--tokenizer",
+        default="Qwen/Qwen2.5-VL-7B-Instruct",
+        help="Hugging Face tokenizer name or local path (default: Qwen/Qwen2.5-VL-7B-Instruct)",
+    )
+    b.add_argument("--max-tokens", type=int, default=262_144, help="chunk cap C in tokens (default: 262144)")
+    b.add_argument("--overlap", type=int, default=512, help="tokens shared by consecutive chunks (default: 512)")
+    b.add_argument("--max-image-tokens", type=int, default=16384, help="token cap per image (default: 16384)")
+    b.add_argument("--docs-per-shard", type=int, default=256, help="target documents per shard file")
+    b.add_argument(
+        "--page-renders",
+        action="store_true",
+        help="store whole-page renders in the shards (needed by the next-patch pre-training objective)",
+    )
+    b.add_argument("--page-render-dpi", type=int, default=72, help="DPI of page renders (default: 72)")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_parse_options(b)
+    vg = b.add_argument_group("visual gain")
+    vg.add_argument(
+        "--visual-gain-model",
+        default=None,
+        help="VLM (Hugging Face name or local path) scoring each page's visual gain; pages below "
+        "their domain threshold are dropped. Off when not given.",
+    )
+    vg.add_argument("--no-visual-gain", action="store_true", help="disable visual-gain scoring")
+    vg.add_argument("--thresholds", default=None, help="per-domain thresholds file (from `scifolio review fit`)")
+    vg.add_argument("--visual-gain-batch", type=int, default=8, help="pages per model batch")
+    b.set_defaults(func=cmd_build, beam=True)

@@ -1,0 +1,44 @@
+"""``scifolio models tiny DIR``: tiny offline stand-in models."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+
+def cmd_models_tiny(args: argparse.Namespace) -> int:
+    from pipelines.tiny import write_tiny_tokenizer
+
+    out = Path(args.dir)
+    written = {"tokenizer": str(write_tiny_tokenizer(out / "tokenizer"))}
+    for module, fn in (
+        ("visual_gain.tiny", "write_tiny_visual_gain"),
+        ("retrieval.tiny", "write_tiny_retrieval"),
+        ("pretrain.tiny", "write_tiny_pretrain"),
+        ("posttrain.tiny", "write_tiny_posttrain"),
+    ):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and e.name.startswith(module.split(".")[0]):
+                continue  # that area is not installed in this distribution
+            raise
+        written.update(getattr(mod, fn)(out))
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser("models", help="model utilities")
+    msub = m.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
+    t = msub.add_parser(
+        "tiny",
+        help="write tiny offline stand-in models (tokenizer, VLM, embedders, LM) to DIR",
+        description="Write small random models built from configs, loadable by the same "
+        "from_pretrained code as real ones. For smoke runs and tests only: scores and embeddings "
+        "from them are meaningless.",
+    )
+    t.add_argument("dir")
+    t.set_defaults(func=cmd_models_tiny)
