@@ -33,9 +33,11 @@ test:
 test-fast:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -m "not slow and not integration"
 
+# ruff, then the import contracts of .importlinter (layers, Beam/Ray confinement, no import loops).
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 bench:
 	$(BIN)/python benchmarks/build_throughput.py

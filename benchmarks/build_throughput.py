@@ -71,7 +71,7 @@ def build(paths_dir: Path, tokenizer: str, workers: int | None, lanes: int = 1) 
         t0 = time.perf_counter()
         manifest = run([str(paths_dir)], str(out), config, beam_args, progress=False)
         elapsed = time.perf_counter() - t0
-        assert manifest["totals"]["chunks"] > 0, "build produced no chunks"
+        assert manifest.totals.chunks > 0, "build produced no chunks"
         return elapsed, used
     finally:
         close_default_parser()  # the next build starts its parse worker cold, as a new `scifolio` process does

@@ -5,10 +5,10 @@
 Heavy libraries (MinerU, PyMuPDF, ONNX models) load only inside the parse worker, never at import time.
 """
 
+from formats.records import Block, Crop, Document, Dropped, Page
 from parsing.api import PARSER_VERSION, Parser, available_backends, iter_parse, warm_up
 from parsing.backends import BackendUnavailable, LayoutBackend
 from parsing.config import Limits, ParseConfig
-from formats.records import Block, Crop, Document, Dropped, Page
 
 __all__ = [
     "PARSER_VERSION",

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from formats.records import Document, Dropped, Page, sha256_hex
 from parsing.backends import BackendUnavailable, ensure_mineru_env
 from parsing.config import ParseConfig
-from formats.records import Document, Dropped, Page, sha256_hex
 from parsing.validate import quick_checks
 from parsing.worker import EOF, TIMEOUT, FrameReader, write_frame
 

@@ -18,8 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from parsing.geometry import BBox, clamp, containment, from_normalized, from_pixels, link_captions, reading_order
 from formats.records import Block
+from parsing.geometry import BBox, clamp, containment, from_normalized, from_pixels, link_captions, reading_order
 
 if TYPE_CHECKING:
     import pymupdf

@@ -10,12 +10,12 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from formats.records import Block, Document, Dropped, Page
 from parsing.backends import LayoutBackend, ParsedPage, make_backend, with_order
 from parsing.config import ParseConfig
 from parsing.crops import crop_blocks, render_page
 from parsing.geometry import area
 from parsing.postprocess import refine_blocks
-from formats.records import Block, Document, Dropped, Page
 
 if TYPE_CHECKING:
     import pymupdf

@@ -12,9 +12,9 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from formats.records import CROPPED_KINDS, Block, Crop
 from parsing.config import ParseConfig
 from parsing.geometry import BBox, pad
-from formats.records import CROPPED_KINDS, Block, Crop
 
 if TYPE_CHECKING:
     import pymupdf

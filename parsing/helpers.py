@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pymupdf
 
+    from formats.records import Document, Dropped, Page
     from parsing.backends import ParsedPage
     from parsing.config import ParseConfig
     from parsing.core import BackendSet
-    from formats.records import Document, Dropped, Page
 
 NICE = 5
 """Helpers' niceness relative to the worker: the worker's backend keeps its core while all are busy."""
@@ -46,7 +46,7 @@ _backends: BackendSet | None = None  # in the lane process
 
 
 def _init_helper() -> None:
-    from parsing.worker import die_with_parent
+    from parsing.procs import die_with_parent
 
     die_with_parent()
     try:
@@ -79,7 +79,7 @@ def _finish(
     path: str, document: Document, index: int, parsed: ParsedPage, config: ParseConfig, hang: str | None
 ) -> tuple[Page | Dropped, float]:
     from parsing.core import _hang_if, finish_page
-    from parsing.worker import rss_mb
+    from parsing.procs import rss_mb
 
     doc = _doc(path, document.doc_id)
     _hang_if(hang, f"page:{index}")
@@ -101,13 +101,13 @@ def _lane_parse(
     path: str, document: Document, window: Sequence[int], config: ParseConfig
 ) -> tuple[list[tuple[int, ParsedPage | Dropped]], float]:
     from parsing.core import backend_window
-    from parsing.worker import rss_mb
+    from parsing.procs import rss_mb
 
     return backend_window(_doc(path, document.doc_id), path, document, window, config, _lane_backends()), rss_mb()
 
 
 def _ready() -> float:
-    from parsing.worker import rss_mb
+    from parsing.procs import rss_mb
 
     return rss_mb()
 

@@ -19,6 +19,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING
 
+from formats.records import CROPPED_KINDS, Block
 from parsing.geometry import (
     BBox,
     any_contained,
@@ -35,7 +36,6 @@ from parsing.geometry import (
     union,
     vertical_gap,
 )
-from formats.records import CROPPED_KINDS, Block
 
 if TYPE_CHECKING:
     import numpy as np

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from parsing.config import Limits
 from formats.records import Document, Dropped, sha256_hex
+from parsing.config import Limits
 
 if TYPE_CHECKING:
     import pymupdf

@@ -29,6 +29,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from parsing.procs import die_with_parent, rss_mb
+
 _HEADER = struct.Struct("<Q")
 TIMEOUT = object()
 EOF = object()
@@ -85,14 +87,6 @@ class FrameReader:
         return pickle.loads(body)
 
 
-def rss_mb() -> float:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        return 0.0
-
-
 FINISHERS = min(2, os.cpu_count() or 1)
 """Helper processes for clean-up and crops: one overlaps the backend, both work once the backend is done."""
 
@@ -100,8 +94,8 @@ FINISHERS = min(2, os.cpu_count() or 1)
 def run_job(job: dict[str, Any], backends: Any, send: Any, helpers: Any = None) -> float:
     """One job: a document (bytes) and the pages to parse (None = all), in windows. Returns the largest
     resident memory of a helper process in MB (0 when ``helpers`` is None: everything runs in-process)."""
-    from parsing.core import _hang_if, parse_window, windows
     from formats.records import Dropped
+    from parsing.core import _hang_if, parse_window, windows
     from parsing.validate import open_pdf
 
     config = job["config"]
@@ -149,8 +143,8 @@ def _pipelined(
     from concurrent.futures import Future
     from concurrent.futures.process import BrokenProcessPool
 
-    from parsing.core import backend_window
     from formats.records import Dropped
+    from parsing.core import backend_window
 
     outbox: deque[tuple[int, Any]] = deque()  # (page, Future | Dropped) in page order
     peak = 0.0
@@ -210,17 +204,6 @@ def warm(config: Any, backends: Any, helpers: Any) -> None:
         helpers.warm()
     except Exception:
         traceback.print_exc(limit=4)
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker when its parent dies (no orphans after a kill -9 of the pipeline)."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # not Linux: the worker still exits on stdin EOF
-        pass
 
 
 def main() -> int:

@@ -19,10 +19,17 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         description="Pre-train with L_text + L_VP (one process; `scifolio pretrain` launches many).",
     )
     p.add_argument("--config", default="debug", choices=sorted(RECIPES), help="named recipe (pretrain/config.py)")
-    p.add_argument("--shards", required=True, help="directory (or fsspec URL) of parquet shards + manifest.json")
+    p.add_argument(
+        "--shards", required=True, help="build output directory (`scifolio build --out`; local or fsspec URL)"
+    )
     p.add_argument("--models", default="tiny", help="directory the debug recipe loads pretrain-lm/-vision from")
     p.add_argument("--out", default=None, help="output dir: ckpt/, metrics.jsonl, tb/ (default: out/pretrain)")
-    p.add_argument("--weights", default=None, help="parquet of chunk_id, weight (retrieval's sample weights)")
+    p.add_argument(
+        "--weights",
+        default=None,
+        help="sample-weights table from `scifolio index weights`: a chunk's draw weight = its own sample_weight x "
+        "the listed weight (1 when unlisted); see formats/weights.py",
+    )
     p.add_argument("--max-steps", type=int, default=None, help="optimizer steps to reach")
     p.add_argument("--zero-stage", type=int, default=None, choices=[0, 1, 2, 3], help="ZeRO stage")
     p.add_argument("--precision", default=None, choices=["fp32", "bf16"])

@@ -1,7 +1,7 @@
 """Pre-training configs: small frozen dataclasses, named runs are functions (torchtitan's config registry).
 
     from pretrain.config import RECIPES
-    cfg = RECIPES["debug"](shards="out/shards", models="tiny")
+    cfg = RECIPES["debug"](shards="out", models="tiny")
 
 The DeepSpeed JSON is generated from ``TrainConfig`` by :func:`deepspeed_config`, so there is one source of truth
 for batch size, accumulation, clipping, ZeRO stage and precision.
@@ -36,9 +36,10 @@ class DataConfig:
     """Where samples come from and how they are packed."""
 
     shards: str
-    """Directory (local or fsspec URL) holding ``*.parquet`` shards and optionally ``manifest.json``."""
+    """Build output directory (``scifolio build --out``, local or fsspec URL): ``manifest.json`` + ``shards/``."""
     weights: str | None = None
-    """Parquet with ``chunk_id, weight``: a chunk is seen ⌊w⌋ (+1 with prob. frac(w)) times per epoch."""
+    """Sample-weights table (``formats/weights.py``); draw weight w = own × listed: a chunk is seen ⌊w⌋ (+1 with
+    probability frac(w)) times per epoch."""
     seq_len: int = 256
     """Tokens per packed row; samples are concatenated and cut, attention never crosses a sample."""
     micro_batch: int = 2

@@ -1,10 +1,11 @@
-"""Streaming, packed, resumable batches over the corpus shards (``pipelines/shards.py`` schema).
+"""Streaming, packed, resumable batches over the corpus shards (``formats/shards.py``).
 
-    loader = ShardLoader(DataConfig(shards="out/shards"), rank=0, world_size=1)
+    loader = ShardLoader(DataConfig(shards="out"), rank=0, world_size=1)      # out = `scifolio build --out`
     batch = next(loader); state = loader.state_dict()      # ... later: loader.load_state_dict(state)
 
 The order is a pure function of (seed, epoch): each epoch permutes the shards, then the rows inside each shard,
-after repeating every row by its sample weight. That global stream is dealt round-robin to the R = world_size ×
+after repeating every row by its draw weight (``formats/weights.py``: the row's own sample_weight × the
+retrieval weights file's weight, 1 when unlisted). That global stream is dealt round-robin to the R = world_size ×
 num_workers readers, so every rank computes the same plan without talking to the others. A reader's position is a
 *cursor* — (epoch, index in its stream, token offset inside the sample) for the text pointer and the same for the
 page pointer — attached to every batch it yields. Saving the cursor of the last consumed batch and restarting from
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,12 +29,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from formats.shards import ChunkRow, ShardFile, list_shards
+from formats.weights import SampleWeights, check_coverage
 from pretrain.config import DataConfig
 from pretrain.model import foreground_mask
 from pretrain.objective import IGNORE
 
-TEXT_COLUMNS = ["chunk_id", "segments", "images"]
-PAGE_COLUMNS = ["chunk_id", "page_renders"]
+TEXT_PARTS = ("segments", "images")
+PAGE_PARTS = ("page_renders",)
 
 
 # --- the plan: which rows, in which order, for which reader -------------------------------------------------------
@@ -49,23 +51,17 @@ class ShardIndex:
 
     @classmethod
     def open(cls, shards: str, weights_path: str | None = None) -> ShardIndex:
-        import fsspec
-        import pyarrow.parquet as pq
-
+        """``shards``: a build output directory (``scifolio build --out``); ``weights_path``: a sample-weights
+        table (``scifolio index weights``), applied as ``formats.weights`` defines."""
         files = list_shards(shards)
-        overrides: dict[str, float] = {}
-        if weights_path:
-            with fsspec.open(weights_path, "rb") as f:
-                table = pq.read_table(f, columns=["chunk_id", "weight"])
-            overrides = dict(zip(table.column("chunk_id").to_pylist(), table.column("weight").to_pylist()))
+        listed = SampleWeights.read(weights_path) if weights_path else None
+        per_file = [ShardFile(path).sample_weights() for path in files]
+        if listed is not None:
+            check_coverage(listed, {c for ids, _ in per_file for c in ids}, source=str(weights_path))
         weights = []
-        for path in files:
-            with fsspec.open(path, "rb") as f:
-                table = pq.read_table(f, columns=["chunk_id", "sample_weight"])
-            ids = table.column("chunk_id").to_pylist()
-            own = table.column("sample_weight").to_pylist()
-            # The weights file (retrieval's export) wins; else the row's own sample_weight; else 1.0.
-            w = np.array([overrides.get(c, 1.0 if o is None else o) for c, o in zip(ids, own)], dtype=np.float64)
+        for path, (ids, own) in zip(files, per_file):
+            draw = listed.draw_weights(ids, own) if listed is not None else own
+            w = np.asarray(draw, dtype=np.float64)
             if (w < 0).any() or not np.isfinite(w).all():
                 raise ValueError(f"{path}: sample weights must be finite and ≥ 0")
             weights.append(w)
@@ -85,26 +81,6 @@ class ShardIndex:
         return np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
 
 
-def list_shards(shards: str) -> list[str]:
-    """Shard files of a directory (local or fsspec URL): the manifest's order when present, else sorted glob."""
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(shards)
-    root = root.rstrip("/")
-    protocol = shards.split("://", 1)[0] + "://" if "://" in shards else ""
-    manifest = f"{root}/manifest.json"
-    if fs.exists(manifest):
-        with fs.open(manifest, "r") as f:
-            data = json.load(f)
-        names = [s["file"] for s in data.get("shards", [])]
-        if names:
-            return [f"{protocol}{root}/{n}" for n in names]
-    found = sorted(p for p in fs.glob(f"{root}/*.parquet"))
-    if not found:
-        raise FileNotFoundError(f"no parquet shards in {shards}")
-    return [f"{protocol}{p}" for p in found]
-
-
 # --- one reader's view --------------------------------------------------------------------------------------------
 
 
@@ -117,13 +93,13 @@ class _Pointer:
         seed: int,
         reader: int,
         n_readers: int,
-        columns: list[str],
+        parts: tuple[str, ...],
         state: tuple[int, int, int] = (0, 0, 0),
     ) -> None:
-        self.index, self.seed, self.reader, self.n_readers, self.columns = index, seed, reader, n_readers, columns
+        self.index, self.seed, self.reader, self.n_readers, self.parts = index, seed, reader, n_readers, parts
         self.epoch, self.pos, self.offset = state
         self._plans: dict[int, np.ndarray] = {}
-        self._table: tuple[int, dict[str, list[Any]]] | None = None
+        self._table: tuple[int, list[ChunkRow]] | None = None
 
     def state(self) -> tuple[int, int, int]:
         return (self.epoch, self.pos, self.offset)
@@ -133,7 +109,7 @@ class _Pointer:
             self._plans = {epoch: self.index.plan(self.seed, epoch)[self.reader :: self.n_readers]}
         return self._plans[epoch]
 
-    def current(self) -> dict[str, Any]:
+    def current(self) -> ChunkRow:
         """The row under the pointer (advancing past epoch ends)."""
         plan = self.mine(self.epoch)
         if len(plan) == 0:
@@ -146,13 +122,8 @@ class _Pointer:
             plan = self.mine(self.epoch)
         f, r = (int(v) for v in plan[self.pos])
         if self._table is None or self._table[0] != f:
-            import fsspec
-            import pyarrow.parquet as pq
-
-            with fsspec.open(self.index.files[f], "rb") as fh:
-                table = pq.read_table(fh, columns=self.columns)
-            self._table = (f, {c: table.column(c).to_pylist() for c in self.columns})
-        return {c: v[r] for c, v in self._table[1].items()}
+            self._table = (f, ShardFile(self.index.files[f]).read_chunks(self.parts))
+        return self._table[1][r]
 
     def advance(self) -> None:
         self.pos, self.offset = self.pos + 1, 0
@@ -165,25 +136,25 @@ class _Sample:
     images: list[tuple[int, int, bytes, str]]  # (start, length, png, sha256)
 
 
-def flatten(row: dict[str, Any], max_image_tokens: int) -> _Sample:
+def flatten(row: ChunkRow, max_image_tokens: int) -> _Sample:
     """Segments → one token array with image slots (``-1``); an image takes min(n_tokens, max_image_tokens) slots."""
-    pngs = {im["sha256"]: im["png"] for im in row.get("images") or ()}
+    pngs = {im.sha256: im.png for im in row.images}
     pieces, images, at = [], [], 0
-    for seg in row["segments"]:
-        if seg["kind"] == "image":
-            sha = seg["image_sha256"]
+    for seg in row.segments:
+        if seg.kind == "image":
+            sha = seg.image_sha256
             if sha not in pngs:
-                raise ValueError(f"{row['chunk_id']}: image segment {sha} has no bytes in the row's images")
-            n = max(1, min(int(seg["n_tokens"]), max_image_tokens))
+                raise ValueError(f"{row.chunk_id}: image segment {sha} has no bytes in the row's images")
+            n = max(1, min(seg.n_tokens, max_image_tokens))
             images.append((at, n, pngs[sha], sha))
             pieces.append(np.full(n, -1, dtype=np.int64))
             at += n
         else:
-            ids = np.asarray(seg["token_ids"] or (), dtype=np.int64)
+            ids = np.asarray(seg.token_ids, dtype=np.int64)
             pieces.append(ids)
             at += len(ids)
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-    return _Sample(row["chunk_id"], tokens, images)
+    return _Sample(row.chunk_id, tokens, images)
 
 
 def load_pixels(png: bytes, size: tuple[int, int]) -> torch.Tensor:
@@ -206,8 +177,8 @@ class Packer:
             raise ValueError("max_image_tokens must be ≤ seq_len (an image is never split across rows)")
         self.cfg, self.reader = cfg, reader
         cursor = cursor or {}
-        self.text = _Pointer(index, cfg.seed, reader, n_readers, TEXT_COLUMNS, tuple(cursor.get("text", (0, 0, 0))))
-        self.pages = _Pointer(index, cfg.seed, reader, n_readers, PAGE_COLUMNS, tuple(cursor.get("pages", (0, 0, 0))))
+        self.text = _Pointer(index, cfg.seed, reader, n_readers, TEXT_PARTS, tuple(cursor.get("text", (0, 0, 0))))
+        self.pages = _Pointer(index, cfg.seed, reader, n_readers, PAGE_PARTS, tuple(cursor.get("pages", (0, 0, 0))))
         self._sample: tuple[tuple[int, int], _Sample] | None = None
 
     def cursor(self) -> dict[str, Any]:
@@ -291,7 +262,7 @@ class Packer:
         scanned_without_pages = 0
         while len(pixels) < self.cfg.pages_per_batch:
             row = self.pages.current()
-            renders = row.get("page_renders") or []
+            renders = row.page_renders
             if self.pages.offset >= len(renders):
                 self.pages.advance()
                 scanned_without_pages += 1
@@ -303,14 +274,14 @@ class Packer:
                 continue
             render = renders[self.pages.offset]
             self.pages.offset += 1
-            px = load_pixels(render["png"], (h, w))
+            px = load_pixels(render.png, (h, w))
             mask = foreground_mask(px, self.cfg.patch, self.cfg.blank_std)
             if int(mask.sum()) < 2:
                 continue
             scanned_without_pages = 0
             pixels.append(px)
             masks.append(mask)
-            keys.append(hashlib.sha256(render["png"]).hexdigest())
+            keys.append(hashlib.sha256(render.png).hexdigest())
         if not pixels:
             return torch.zeros(0, 3, h, w), torch.zeros(0, n, dtype=torch.bool), []
         return torch.stack(pixels), torch.stack(masks), keys
@@ -422,7 +393,6 @@ __all__ = [
     "ShardLoader",
     "Packer",
     "flatten",
-    "list_shards",
     "load_pixels",
     "model_inputs",
     "n_text_tokens",

@@ -1,10 +1,10 @@
 """Tiny random models for offline pre-training runs (``scifolio models tiny DIR`` calls this).
 
-    python -c "from pathlib import Path; from pretrain.tiny import write_tiny_pretrain; print(write_tiny_pretrain(Path('tiny')))"
+    scifolio models tiny tiny/          # writes tiny/tokenizer, then tiny/pretrain-lm with that tokenizer
 
 Saved with ``save_pretrained`` so training loads them through the same ``from_pretrained(path)`` code a real
-hub checkpoint goes through. The LM's vocabulary is the project's tiny tokenizer (saved beside the LM), so shards
-tokenised with that tokenizer train on it.
+hub checkpoint goes through. The LM's vocabulary is the tokenizer it is given (saved beside the LM: the corpus
+job's tokenizer), so shards tokenised with that tokenizer train on it.
 """
 
 from __future__ import annotations
@@ -15,17 +15,16 @@ from pathlib import Path
 from pretrain.model import CLIP_MEAN, CLIP_STD
 
 
-def write_tiny_pretrain(out_dir: Path, seed: int = 0) -> dict[str, str]:
-    """Write ``pretrain-lm`` (Llama, 2 layers, d=64, + tokenizer) and ``pretrain-vision`` (CLIP tower, patch 8)."""
+def write_tiny_pretrain(out_dir: Path, tokenizer: str | Path, seed: int = 0) -> dict[str, str]:
+    """Write ``pretrain-lm`` (Llama, 2 layers, d=64, + ``tokenizer``, a Hugging Face tokenizer path or name) and
+    ``pretrain-vision`` (CLIP tower, patch 8)."""
     import torch
     from transformers import AutoTokenizer, CLIPVisionConfig, CLIPVisionModel, LlamaConfig, LlamaForCausalLM
 
-    from pipelines.tiny import write_tiny_tokenizer
-
     out_dir = Path(out_dir)
     lm_dir, vis_dir = out_dir / "pretrain-lm", out_dir / "pretrain-vision"
-    write_tiny_tokenizer(lm_dir)
-    tok = AutoTokenizer.from_pretrained(lm_dir)
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    tok.save_pretrained(lm_dir)
     torch.manual_seed(seed)
     lm_cfg = LlamaConfig(
         vocab_size=len(tok),

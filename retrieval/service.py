@@ -1,7 +1,7 @@
 """HTTP API and search page for the image index (FastAPI; binds 127.0.0.1 by default).
 
     scifolio index serve --uri ./index.db --embed-model tiny/retrieval/clip --captioner tiny/retrieval/captioner \\
-        --reranker tiny/retrieval/reranker --shards-dir out/shards --port 8000
+        --reranker tiny/retrieval/reranker --shards out --port 8000
     curl -s localhost:8000/api/search/text -H 'content-type: application/json' -d '{"query": "phase diagram"}'
 
 Endpoints: ``GET /`` page; ``GET /api/health``; ``POST /api/search/text`` JSON ``{query, k, rerank}``;
@@ -37,8 +37,8 @@ class ServeConfig:
     """Uploaded images above this many pixels are refused (decompression bombs)."""
     thumb_px: int = 256
     """Longest side of served thumbnails."""
-    shards_dir: str | None = None
-    """Shards directory the index was built from; thumbnails are read from it (None: no thumbnails)."""
+    shards: str | None = None
+    """Build output directory the index was built from; thumbnails are read from it (None: no thumbnails)."""
 
 
 def create_app(searcher, cfg: ServeConfig = ServeConfig()):
@@ -67,9 +67,7 @@ def create_app(searcher, cfg: ServeConfig = ServeConfig()):
     def with_thumbs(payload: dict[str, Any]) -> dict[str, Any]:
         for r in payload["results"]:
             r["thumb"] = (
-                f"/api/thumb/{r['sha256']}?source={r['source']}&row={r['row']}"
-                if cfg.shards_dir and r["source"]
-                else None
+                f"/api/thumb/{r['sha256']}?source={r['source']}&row={r['row']}" if cfg.shards and r["source"] else None
             )
         return payload
 
@@ -120,10 +118,10 @@ def create_app(searcher, cfg: ServeConfig = ServeConfig()):
 
         if not SHA_RE.match(sha256):
             raise HTTPException(status_code=422, detail="sha256 must be 64 lowercase hex characters")
-        if not cfg.shards_dir:
-            raise HTTPException(status_code=404, detail="server started without --shards-dir")
+        if not cfg.shards:
+            raise HTTPException(status_code=404, detail="server started without --shards")
         try:
-            png = read_image(cfg.shards_dir, source, row, sha256)
+            png = read_image(cfg.shards, source, row, sha256)
         except FileNotFoundError as e:
             raise HTTPException(status_code=404, detail=str(e)) from e
         return Response(

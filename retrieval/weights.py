@@ -6,9 +6,10 @@ Derivation (bounded, monotone, documented here once):
   i.e. 1.0 at the threshold rising linearly to w_max at s = 1; images below s_min or never hit: 1.0.
 - chunk weight  w_chunk = max over its images of w_img (1.0 without scored images). Max, not mean: one
   high-quality figure is what makes a chunk worth seeing more often, and a mean would let decorative images
-  in the same chunk dilute it. Bounded in [1, w_max]; the loader multiplies it into the sampling ratio.
+  in the same chunk dilute it. Bounded in [1, w_max]; the pre-training loader multiplies it into the row's own
+  sample_weight (the one definition of a weight is in formats/weights.py).
 
-    scifolio index weights --queries queries.txt --shards out/shards --out weights.parquet --reranker M ...
+    scifolio index weights --queries queries.txt --shards out --out weights.parquet --reranker M ...
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-WEIGHTS_SCHEMA_FIELDS = ("level", "id", "weight", "score")
+from formats.shards import ShardFile, list_shards
+from formats.weights import SampleWeights
 
 
 @dataclass(frozen=True)
@@ -99,51 +101,16 @@ def collect_scores(searcher, queries: Iterable[tuple[str, str]], cfg: WeightConf
     return best_scores(lists)
 
 
-def iter_chunk_images(shards_dir: str | os.PathLike[str]) -> Iterable[tuple[str, list[str]]]:
-    """(chunk_id, image sha256s) for every row of every shard (only the two columns are read)."""
-    import pyarrow.parquet as pq
-
-    from retrieval.crops import list_shards
-
-    for path in list_shards(shards_dir):
-        pf = pq.ParquetFile(path)
-        for batch in pf.iter_batches(batch_size=64, columns=["chunk_id", "segments"]):
-            for rec in batch.to_pylist():
-                ids = [s["image_sha256"] for s in rec["segments"] or [] if s["kind"] == "image" and s["image_sha256"]]
-                yield rec["chunk_id"], ids
+def iter_chunk_images(out: str | os.PathLike[str]) -> Iterable[tuple[str, list[str]]]:
+    """(chunk_id, image sha256s) for every chunk of a build output directory (segments only are read)."""
+    for path in list_shards(out):
+        for chunk in ShardFile(path).iter_chunks(parts=("segments",), batch_size=64):
+            yield chunk.chunk_id, chunk.image_ids()
 
 
 def write_weights(
     path: str | os.PathLike[str], scores: Mapping[str, float], img_w: Mapping[str, float], chunk_w: Mapping[str, float]
 ) -> int:
-    """One parquet table: rows ``(level="image"|"chunk", id, weight, score)``; ids not listed weigh 1.0.
-    ``score`` is the image's best reranker score (NaN on chunk rows: their weight derives from their images).
-    Returns rows written."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows = [("image", sha, w, scores[sha]) for sha, w in sorted(img_w.items())]
-    rows += [("chunk", cid, w, float("nan")) for cid, w in sorted(chunk_w.items())]
-    table = pa.table(
-        {
-            "level": pa.array([r[0] for r in rows], pa.string()),
-            "id": pa.array([r[1] for r in rows], pa.string()),
-            "weight": pa.array([r[2] for r in rows], pa.float32()),
-            "score": pa.array([r[3] for r in rows], pa.float32()),
-        },
-        metadata={"scifolio.default_weight": "1.0"},
-    )
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    return table.num_rows
-
-
-def read_weights(path: str | os.PathLike[str], level: str = "chunk") -> dict[str, float]:
-    """id -> weight for one level; what the pre-training loader reads (missing ids: 1.0)."""
-    import pyarrow.parquet as pq
-
-    t = pq.read_table(path).to_pylist()
-    return {r["id"]: float(r["weight"]) for r in t if r["level"] == level}
+    """The sample-weights table (``formats/weights.py``): chunk rows are applied by pre-training, image rows with
+    their best reranker score are provenance. Returns rows written."""
+    return SampleWeights(chunks=dict(chunk_w), images=dict(img_w), scores={k: scores[k] for k in img_w}).write(path)

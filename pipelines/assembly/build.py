@@ -4,7 +4,8 @@
 tokenise → chunk) and ``WorkStore`` keeps each finished document under ``OUT/_work/<config hash>/`` so
 a rerun (or a run killed with ``kill -9``) skips finished documents and redoes only unfinished ones.
 ``ShardWriter`` packs finished documents into shards deterministically (sorted by doc_id), and
-``write_manifest`` ties it all together. ``pipelines/corpus.py`` wires these into Beam.
+``pipelines/jobs/corpus.py`` wires these into Beam and writes the manifest. Formats (shards, quarantine,
+manifest) are ``formats/``'s.
 """
 
 from __future__ import annotations
@@ -15,19 +16,29 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from formats.records import Document, Dropped, Page
+from formats.shards import (
+    SCHEMA_VERSION,
+    SHARD_SCHEMA,
+    ChunkRow,
+    LayoutBox,
+    PageInfo,
+    PageRender,
+    ShardWriter,
+    file_sha256,
+    read_table,
+    shard_name,
+)
 from pipelines.assembly.chunk import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, chunk_document
 from pipelines.assembly.interleave import ImageTokenRule, Tokenizer, interleave_document
-from pipelines.shards import SCHEMA_VERSION, SHARD_SCHEMA, ChunkRow, file_sha256
 
 # A page filter is the visual-gain slot: it receives a document's parsed pages (with the Document for its
 # metadata) and returns the kept pages plus a Dropped for every rejected one. None = pages pass unscored.
@@ -91,7 +102,6 @@ class DocResult:
     rows: list[dict[str, Any]]
     dropped: list[Dropped]
     stats: dict[str, int]
-    layout: list[dict[str, Any]] = field(default_factory=list)
 
 
 class DocumentBuilder:
@@ -143,7 +153,6 @@ class DocumentBuilder:
         stats["crops"] = sum(len(p.crops) for p in pages)
         for p in pages:
             stats[f"pages_by_parser.{p.parser}"] += 1
-        layout = [page_layout(p) for p in pages]
 
         if self.page_filter is not None and pages:
             pages, rejected = self.page_filter(document, pages)
@@ -157,65 +166,57 @@ class DocumentBuilder:
                 Dropped(doc_id, "interleave", "empty_document", {"source": source, "pages_kept": len(pages)})
             )
             stats["documents"] = 0
-            return DocResult(doc_id, source, [], dropped, dict(stats), layout)
+            return DocResult(doc_id, source, [], dropped, dict(stats))
 
         by_page = {p.page_index: p for p in pages}
-        rows = []
+        chunk_rows = []
         for c in chunks:
             touched = sorted({s.page_index for s in c.segments})
             renders = [
-                {"page_index": i, "png": r.png, "width": r.width, "height": r.height, "dpi": r.dpi}
-                for i in touched
-                if (r := by_page[i].render) is not None
+                PageRender(i, r.png, r.width, r.height, r.dpi) for i in touched if (r := by_page[i].render) is not None
             ]
-            info = [
-                {
-                    "page_index": i,
-                    "parser": by_page[i].parser,
-                    "scores": json.dumps(dict(by_page[i].scores), default=str),
-                }
-                for i in touched
-            ]
-            row = ChunkRow(
-                doc_id=doc_id,
-                chunk_index=c.index,
-                segments=c.segments,
-                images=c.images,
-                page_renders=tuple(renders),
-                pages=tuple(info),
-                meta={
-                    "source": source,
-                    "start": c.start,
-                    "end": c.end,
-                    "overlap": c.overlap,
-                    "n_chunks": len(chunks),
-                    "doc_meta": dict(document.meta),
-                },
+            chunk_rows.append(
+                ChunkRow(
+                    doc_id=doc_id,
+                    chunk_index=c.index,
+                    segments=c.segments,
+                    images=c.images,
+                    page_renders=tuple(renders),
+                    pages=tuple(page_info(by_page[i]) for i in touched),
+                    meta={
+                        "source": source,
+                        "start": c.start,
+                        "end": c.end,
+                        "overlap": c.overlap,
+                        "n_chunks": len(chunks),
+                        "doc_meta": dict(document.meta),
+                    },
+                )
             )
-            rows.append(row.to_row())
-        stats["chunks"] = len(rows)
-        stats["tokens"] = sum(r["n_tokens"] for r in rows)
-        stats["images"] = len({s["image_sha256"] for r in rows for s in r["segments"] if s["kind"] == "image"})
-        return DocResult(doc_id, source, rows, dropped, dict(stats), layout)
+        stats["chunks"] = len(chunk_rows)
+        stats["tokens"] = sum(r.n_tokens for r in chunk_rows)
+        stats["images"] = len({i for r in chunk_rows for i in r.image_ids()})
+        rows = [r.to_row() for r in chunk_rows]
+        return DocResult(doc_id, source, rows, dropped, dict(stats))
 
 
-def page_layout(page: Page) -> dict[str, Any]:
-    """The boxes of a parsed page, kept beside the results for ``scifolio report``."""
-    return {
-        "page_index": page.page_index,
-        "width": page.width,
-        "height": page.height,
-        "parser": page.parser,
-        "blocks": [
-            {"kind": b.kind, "bbox": list(b.bbox), "crop": b.crop.sha256 if b.crop else None} for b in page.blocks
-        ],
-    }
+def page_info(page: Page) -> PageInfo:
+    """A kept page's provenance in the shards: parser, scores, size and boxes (what the report draws)."""
+    return PageInfo(
+        page_index=page.page_index,
+        parser=page.parser,
+        scores=dict(page.scores),
+        width=page.width,
+        height=page.height,
+        blocks=tuple(LayoutBox(b.kind, tuple(b.bbox), b.crop.sha256 if b.crop else None) for b in page.blocks),
+    )
 
 
 class WorkStore:
     """Per-document results on disk, written atomically; the ``.done`` marker is written last.
 
-    Layout: ``<root>/<doc_id[:2]>/<doc_id>.parquet`` (chunk rows), ``.dropped.jsonl``, ``.done`` (stats JSON).
+    Layout: ``<root>/<doc_id[:2]>/<doc_id>.parquet`` (chunk rows in the shard schema), ``.dropped.jsonl``,
+    ``.done`` (stats JSON).
     A document killed mid-write leaves at most a ``.tmp-*`` file and no marker, so it is redone.
     """
 
@@ -238,9 +239,6 @@ class WorkStore:
             _atomic_write_table(base.with_suffix(".parquet"), pa.Table.from_pylist(result.rows, schema=SHARD_SCHEMA))
         _atomic_write_text(
             base.with_suffix(".dropped.jsonl"), "".join(json.dumps(d.to_row()) + "\n" for d in result.dropped)
-        )
-        _atomic_write_text(
-            base.with_suffix(".layout.json"), json.dumps({"source": result.source, "pages": result.layout})
         )
         summary = {
             "doc_id": result.doc_id,
@@ -283,45 +281,11 @@ def n_shards_for(n_docs: int, docs_per_shard: int) -> int:
     return max(1, -(-n_docs // docs_per_shard))
 
 
-def shard_name(index: int, n_shards: int) -> str:
-    return f"shard-{index:05d}-of-{n_shards:05d}.parquet"
-
-
 def write_shard_from_docs(
-    store: WorkStore, out_dir: Path, index: int, n_shards: int, doc_ids: Iterable[str]
+    store: WorkStore, out_dir: str | os.PathLike[str], index: int, n_shards: int, doc_ids: Iterable[str]
 ) -> dict[str, Any]:
-    """Stream the finished documents of one shard, sorted by doc_id, into one parquet file (atomic)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / shard_name(index, n_shards)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    rows = tokens = 0
-    with pq.ParquetWriter(tmp, SHARD_SCHEMA, compression="zstd") as writer:
-        for doc_id in sorted(set(doc_ids)):
-            table = pq.read_table(store.table_path(doc_id), schema=SHARD_SCHEMA)
-            table = table.sort_by("chunk_index")
-            writer.write_table(table, row_group_size=64)
-            rows += table.num_rows
-            tokens += int(pc.sum(table["n_tokens"]).as_py() or 0)
-    os.replace(tmp, path)
-    return {
-        "file": path.name,
-        "rows": rows,
-        "tokens": tokens,
-        "sha256": file_sha256(path),
-        "bytes": path.stat().st_size,
-    }
-
-
-def write_quarantine(out_dir: Path, stage: str, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """All dead letters of one stage, sorted, in ``quarantine/<stage>.jsonl``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines = sorted(json.dumps(r, sort_keys=True) for r in rows)
-    _atomic_write_text(out_dir / f"{stage}.jsonl", "".join(line + "\n" for line in lines))
-    return {"stage": stage, "file": f"{stage}.jsonl", "count": len(lines)}
-
-
-def iter_quarantine(out_dir: Path) -> Iterator[Dropped]:
-    for path in sorted(Path(out_dir).glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                yield Dropped.from_row(json.loads(line))
+    """Stream the finished documents of one shard, sorted by doc_id, into one parquet file (committed whole)."""
+    writer = ShardWriter(os.path.join(str(out_dir), shard_name(index, n_shards)))
+    for doc_id in sorted(set(doc_ids)):
+        writer.write_table(read_table(store.table_path(doc_id)).sort_by("chunk_index"))
+    return writer.close()

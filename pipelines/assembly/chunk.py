@@ -17,10 +17,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from formats.shards import Segment, ShardImage
 from pipelines.assembly.interleave import TokenizedSegment
-from pipelines.shards import Segment
 
 DEFAULT_MAX_TOKENS = 262_144
 DEFAULT_OVERLAP = 512
@@ -33,7 +32,7 @@ class Chunk:
     end: int
     overlap: int
     segments: tuple[Segment, ...]
-    images: tuple[dict[str, Any], ...]
+    images: tuple[ShardImage, ...]
 
     @property
     def n_tokens(self) -> int:
@@ -95,7 +94,7 @@ def chunk_document(
     prev_end = 0
     for k, (s, e) in enumerate(bounds):
         segs: list[Segment] = []
-        images: dict[str, dict[str, Any]] = {}
+        images: dict[str, ShardImage] = {}
         first = bisect.bisect_right(seg_starts, s) - 1
         for i in range(first, len(segments)):
             a, b = seg_starts[i], seg_starts[i + 1]
@@ -106,7 +105,7 @@ def chunk_document(
                 continue
             segs.append(_slice(segments[i], lo, hi))
             if segments[i].image is not None:
-                images.setdefault(segments[i].image["sha256"], segments[i].image)
+                images.setdefault(segments[i].image.sha256, segments[i].image)
         chunks.append(Chunk(k, s, e, prev_end - s if k else 0, tuple(segs), tuple(images.values())))
         prev_end = e
     return chunks

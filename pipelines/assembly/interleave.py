@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from formats.records import Page
-from pipelines.shards import Segment
+from formats.shards import Segment, ShardImage
 
 PARAGRAPH_SEP = "\n\n"
 
@@ -48,7 +48,7 @@ class RawSegment:
     kind: str  # "text" | "image"
     page_index: int
     text: str = ""
-    image: dict[str, Any] | None = None  # {sha256, png, width, height, kind}
+    image: ShardImage | None = None
 
 
 def page_segments(pages: Iterable[Page]) -> list[RawSegment]:
@@ -69,13 +69,7 @@ def page_segments(pages: Iterable[Page]) -> list[RawSegment]:
                 RawSegment(
                     "image",
                     page.page_index,
-                    image={
-                        "sha256": crop.sha256,
-                        "png": crop.png,
-                        "width": crop.width,
-                        "height": crop.height,
-                        "kind": block.kind,
-                    },
+                    image=ShardImage(crop.sha256, crop.png, crop.width, crop.height, block.kind),
                 )
             )
         if texts:
@@ -125,7 +119,7 @@ class TokenizedSegment:
 
     segment: Segment
     offsets: tuple[int, ...] = ()
-    image: dict[str, Any] | None = None
+    image: ShardImage | None = None
 
 
 def tokenize_segments(
@@ -144,8 +138,8 @@ def tokenize_segments(
         else:
             img = r.image
             assert img is not None
-            n = image_tokens(int(img["width"]), int(img["height"]))
-            seg = Segment("image", n, r.page_index, image_sha256=img["sha256"])
+            n = image_tokens(img.width, img.height)
+            seg = Segment("image", n, r.page_index, image_sha256=img.sha256)
             out.append(TokenizedSegment(seg, image=img))
     return out
 

@@ -42,18 +42,18 @@ def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         beam_args = [*beam_args, f"--default_sdk_harness_log_level={'INFO' if args.verbose else 'WARNING'}"]
     manifest = run(args.inputs, args.out, config, beam_args, progress=not args.no_progress)
-    t = manifest["totals"]
+    t = manifest.totals
     print(
-        f"shards: {len(manifest['shards'])}  chunks: {t['chunks']}  tokens: {t['tokens']}  "
-        f"documents in shards: {t['documents_in_shards']}  quarantined: {t['documents_quarantined']}  "
-        f"({manifest['elapsed_s']} s)"
+        f"shards: {len(manifest.shards)}  chunks: {t.chunks}  tokens: {t.tokens}  "
+        f"documents in shards: {t.documents_in_shards}  quarantined: {t.documents_quarantined}  "
+        f"({manifest.elapsed_s} s)"
     )
     print("metrics:")
-    for key, value in manifest["metrics"].items():
+    for key, value in manifest.metrics.items():
         print(f"  {key}: {value}")
-    if manifest["dropped_by_reason"]:
+    if manifest.dropped_by_reason:
         print("dropped:")
-        for key, value in manifest["dropped_by_reason"].items():
+        for key, value in manifest.dropped_by_reason.items():
             print(f"  {key}: {value}")
     print(f"manifest: {Path(args.out) / 'manifest.json'}")
     return 0

@@ -1,11 +1,11 @@
 """``scifolio index build|query|serve|weights``: the image index from the command line.
 
-    scifolio index build out/shards --uri ./index.db --shards 4 --embed-model tiny/retrieval/clip
-    scifolio index build out/shards --uri http://127.0.0.1:19530 --embed-model M --bulk-dir /data/bulk
+    scifolio index build --shards out --uri ./index.db --collections 4 --embed-model tiny/retrieval/clip
+    scifolio index build --shards out --uri http://127.0.0.1:19530 --embed-model M --bulk-dir /data/bulk
     scifolio index query "phase diagram" --uri ./index.db --embed-model tiny/retrieval/clip --k 5
     scifolio index query --image fig.png --embed-model M --captioner C --reranker R --rerank
-    scifolio index serve --uri ./index.db --embed-model M --captioner C --reranker R --shards-dir out/shards
-    scifolio index weights --queries queries.txt --shards-dir out/shards --out weights.parquet \\
+    scifolio index serve --uri ./index.db --embed-model M --captioner C --reranker R --shards out
+    scifolio index weights --queries queries.txt --shards out --out weights.parquet \\
         --embed-model M --reranker R
 """
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+SHARDS_HELP = "build output directory (what `scifolio build --out` wrote: manifest.json + shards/)"
 
 
 def _index_args(p: argparse.ArgumentParser, build: bool = False) -> None:
@@ -25,7 +27,7 @@ def _index_args(p: argparse.ArgumentParser, build: bool = False) -> None:
     )
     g.add_argument("--name", default="crops", help="collection prefix (collections <name>_s00…)")
     g.add_argument(
-        "--shards",
+        "--collections",
         type=int,
         default=4 if build else None,
         help="number of shard collections" + (" (default 4)" if build else " (default: discovered)"),
@@ -53,7 +55,7 @@ def _model_args(p: argparse.ArgumentParser, captioner: bool = True, reranker: bo
 def _index_config(args: argparse.Namespace, build: bool = False):
     from retrieval.index import IndexConfig, discover_n_shards
 
-    n = args.shards if args.shards is not None else discover_n_shards(args.uri, args.name, args.token)
+    n = args.collections if args.collections is not None else discover_n_shards(args.uri, args.name, args.token)
     kw = {}
     if build:
         kw = {
@@ -82,7 +84,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from pipelines.jobs.index import BulkRefused, IndexJobConfig, run
 
     cfg = IndexJobConfig(
-        shards_dir=args.shards_dir,
+        out=args.shards,
         index=_index_config(args, build=True),
         embed_model=args.embed_model,
         caption_model=args.caption_model,
@@ -138,7 +140,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ServeConfig(
             host=args.host,
             port=args.port,
-            shards_dir=args.shards_dir,
+            shards=args.shards,
             max_upload_bytes=args.max_upload_mb * 1024 * 1024,
         ),
     )
@@ -174,7 +176,7 @@ def cmd_weights(args: argparse.Namespace) -> int:
     finally:
         searcher.index.close()
     img_w = image_weights(scores, cfg)
-    ch_w = chunk_weights(iter_chunk_images(args.shards_dir), img_w)
+    ch_w = chunk_weights(iter_chunk_images(args.shards), img_w)
     n = write_weights(args.out, scores, img_w, ch_w)
     print(
         json.dumps(
@@ -204,17 +206,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
         "build",
         help="embed crops from shards into the sharded index (Beam job)",
-        description="Beam job: crops from SHARDS_DIR → embeddings → sharded Milvus collections. "
+        description="Beam job: crops from the shards of a build output directory → embeddings → sharded Milvus collections. "
         "Resumable (done markers + skip crops already stored); idempotent (upsert by sha256). "
         "With --bulk-dir, a first load into empty collections on a Milvus server goes through bulk import "
         "instead of row upserts (see --bulk-dir).",
     )
-    b.add_argument("shards_dir", help="directory of shard parquet files")
+    b.add_argument("--shards", required=True, metavar="OUT", help=SHARDS_HELP)
     _index_args(b, build=True)
     _model_args(b, captioner=False, reranker=False)
     b.add_argument("--caption-model", default=None, help="also store a generated caption per crop (slower)")
     b.add_argument("--batch-size", type=int, default=32, help="crops per embedding batch (default 32)")
-    b.add_argument("--state-dir", default=None, help="done markers (default SHARDS_DIR/.index_state/NAME)")
+    b.add_argument("--state-dir", default=None, help="done markers (default OUT/_index_state/NAME)")
     b.add_argument("--no-skip-existing", action="store_true", help="re-embed crops already in the index")
     b.add_argument(
         "--bulk-dir",
@@ -244,7 +246,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="HTTP API + search page (127.0.0.1 by default)")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    s.add_argument("--shards-dir", default=None, help="shards the index was built from (thumbnails)")
+    s.add_argument("--shards", default=None, metavar="OUT", help=SHARDS_HELP + "; thumbnails are read from it")
     s.add_argument("--max-upload-mb", type=int, default=5, help="largest accepted upload (default 5 MB)")
     _index_args(s)
     _model_args(s)
@@ -259,8 +261,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "its images; everything not listed weighs 1.0.",
     )
     w.add_argument("--queries", required=True, help="file with one query per line")
-    w.add_argument("--out", required=True, help="output parquet (level, id, weight, score)")
-    w.add_argument("--shards-dir", required=True, help="shards whose chunks get weights")
+    w.add_argument("--out", required=True, help="output sample-weights table (formats/weights.py)")
+    w.add_argument("--shards", required=True, metavar="OUT", help=SHARDS_HELP + " whose chunks get weights")
     w.add_argument("--min-score", type=float, default=0.5, help="quality threshold (default 0.5)")
     w.add_argument("--max-weight", type=float, default=3.0, help="weight at score 1.0 (default 3.0)")
     w.add_argument("--k", type=int, default=50, help="hits reranked per query (default 50)")

@@ -3,28 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 from pathlib import Path
 
 
 def cmd_models_tiny(args: argparse.Namespace) -> int:
     from pipelines.tiny import write_tiny_tokenizer
+    from posttrain.tiny import write_tiny_posttrain
+    from pretrain.tiny import write_tiny_pretrain
+    from retrieval.tiny import write_tiny_retrieval
+    from visual_gain.tiny import write_tiny_visual_gain
 
     out = Path(args.dir)
-    written = {"tokenizer": str(write_tiny_tokenizer(out / "tokenizer"))}
-    for module, fn in (
-        ("visual_gain.tiny", "write_tiny_visual_gain"),
-        ("retrieval.tiny", "write_tiny_retrieval"),
-        ("pretrain.tiny", "write_tiny_pretrain"),
-        ("posttrain.tiny", "write_tiny_posttrain"),
-    ):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith(module.split(".")[0]):
-                continue  # that area is not installed in this distribution
-            raise
-        written.update(getattr(mod, fn)(out))
+    tokenizer = write_tiny_tokenizer(out / "tokenizer")
+    written = {"tokenizer": str(tokenizer)}
+    written.update(write_tiny_visual_gain(out))
+    written.update(write_tiny_retrieval(out))
+    written.update(write_tiny_pretrain(out, tokenizer))  # the LM shares the corpus job's tokenizer
+    written.update(write_tiny_posttrain(out))
     for name, path in written.items():
         print(f"{name}: {path}")
     return 0

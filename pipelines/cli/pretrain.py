@@ -1,7 +1,7 @@
 """``scifolio pretrain``: launch the DeepSpeed pre-training loop (pretrain/train.py) through the deepspeed launcher.
 
-    scifolio pretrain --config debug --shards out/shards --models tiny --max-steps 50
-    scifolio pretrain --config debug --shards out/shards --nproc 2            # world size 2 (CPU: gloo)
+    scifolio pretrain --config debug --shards out --models tiny --max-steps 50
+    scifolio pretrain --config debug --shards out --nproc 2            # world size 2 (CPU: gloo)
     scifolio pretrain --config small --shards gs://bucket/shards --hostfile infra/deepspeed/hostfile
 
 On a machine without a GPU the ranks run on CPU (``DS_ACCELERATOR=cpu``, gloo). Ranks rendezvous over TCP at

@@ -37,18 +37,19 @@ from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from formats import fs
+from formats.manifest import QUARANTINE_DIR, SHARDS_DIR, Manifest, QuarantineEntry, ShardEntry, Totals
+from formats.quarantine import iter_quarantine, quarantine_files, write_quarantine
 from formats.records import Dropped
+from formats.shards import SCHEMA_VERSION, ShardFile
 from pipelines.assembly.build import (
     BuildConfig,
     DocumentBuilder,
     WorkStore,
-    iter_quarantine,
     n_shards_for,
     shard_of,
-    write_quarantine,
     write_shard_from_docs,
 )
-from pipelines.shards import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 NAMESPACE = "scifolio"
@@ -61,11 +62,11 @@ class JobPaths:
 
     @property
     def shards(self) -> Path:
-        return Path(self.out) / "shards"
+        return Path(self.out) / SHARDS_DIR
 
     @property
     def quarantine(self) -> Path:
-        return Path(self.out) / "quarantine"
+        return Path(self.out) / QUARANTINE_DIR
 
     def work(self, config_hash: str) -> Path:
         return Path(self.out) / "_work" / config_hash
@@ -351,7 +352,7 @@ def local_beam_args(config: BuildConfig, cores: int | None = None) -> list[str]:
 
 def run(
     inputs: Sequence[str], out: str, config: BuildConfig, beam_args: Sequence[str] = (), progress: bool = True
-) -> dict[str, Any]:
+) -> Manifest:
     """Run the job and write ``OUT/manifest.json``; returns the manifest."""
     from parsing import PARSER_VERSION, available_backends
 
@@ -386,55 +387,56 @@ def write_manifest(
     n_inputs: int | None,
     inputs: Sequence[str],
     elapsed_s: float,
-) -> dict[str, Any]:
+) -> Manifest:
     paths = JobPaths(out)
     parts = json.loads((Path(out) / "_work" / "parts.json").read_text())
-    shards = sorted((e for kind, e in parts if kind == "shard"), key=lambda e: e["file"])
-    quarantine = sorted((e for kind, e in parts if kind == "quarantine"), key=lambda e: e["stage"])
+    shards = sorted((ShardEntry(**e) for kind, e in parts if kind == "shard"), key=lambda e: e.file)
+    quarantine = sorted((QuarantineEntry(**e) for kind, e in parts if kind == "quarantine"), key=lambda e: e.stage)
     # shards from an earlier run with another shard count are stale: remove them so the folder = manifest
-    keep = {e["file"] for e in shards}
+    keep = {e.file for e in shards}
     for stale in paths.shards.glob("shard-*.parquet"):
         if stale.name not in keep:
             stale.unlink()
-    keep_q = {e["file"] for e in quarantine}
-    for stale in paths.quarantine.glob("*.jsonl"):
-        if stale.name not in keep_q:
-            stale.unlink()
+    keep_q = {e.file for e in quarantine}
+    for stale in quarantine_files(paths.quarantine):
+        if os.path.basename(stale) not in keep_q:
+            fs.remove(stale)
 
     dropped = list(iter_quarantine(paths.quarantine))
     by_reason = Counter(f"{d.stage}.{d.reason}" for d in dropped)
     doc_level = {d.item_id for d in dropped if not is_page_id(d.item_id)}
-    docs_in_shards = sum(1 for _ in _doc_ids_in_shards(paths.shards, shards))
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "inputs": list(inputs),
-        "config": config.config_dict(),
-        "config_hash": config_hash,
-        "parser_version": parser_version,
-        "parser_backends": backends,
-        "shards": shards,
-        "totals": {
-            "input_files": n_inputs,
-            "documents_in_shards": docs_in_shards,
-            "documents_quarantined": len(doc_level),
-            "chunks": sum(e["rows"] for e in shards),
-            "tokens": sum(e["tokens"] for e in shards),
-        },
-        "dropped_by_reason": dict(sorted(by_reason.items())),
-        "quarantine": quarantine,
-        "visual_gain": None,
-        "metrics": dict(sorted(counters.items())),
-        "elapsed_s": round(elapsed_s, 2),
-    }
+    shard_files = [str(paths.shards / e.file) for e in shards]
+    docs_in_shards: set[str] = set()
+    for f in shard_files:
+        docs_in_shards |= ShardFile(f).doc_ids()
+    visual_gain = None
     if config.visual_gain is not None:
-        from pipelines.report import visual_gain_summary
+        from pipelines.assembly.summary import visual_gain_summary
 
-        manifest["visual_gain"] = visual_gain_summary(Path(out), manifest)
-    text = json.dumps(manifest, indent=2, sort_keys=False, default=str)
-    tmp = Path(out) / f".manifest.json.tmp-{os.getpid()}"
-    tmp.write_text(text)
-    os.replace(tmp, Path(out) / "manifest.json")
+        visual_gain = visual_gain_summary(out, shard_files)
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION,
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        inputs=list(inputs),
+        config=config.config_dict(),
+        config_hash=config_hash,
+        parser_version=parser_version,
+        parser_backends=backends,
+        shards=shards,
+        totals=Totals(
+            input_files=n_inputs,
+            documents_in_shards=len(docs_in_shards),
+            documents_quarantined=len(doc_level),
+            chunks=sum(e.rows for e in shards),
+            tokens=sum(e.tokens for e in shards),
+        ),
+        dropped_by_reason=dict(sorted(by_reason.items())),
+        quarantine=quarantine,
+        metrics=dict(sorted(counters.items())),
+        elapsed_s=round(elapsed_s, 2),
+        visual_gain=visual_gain,
+    )
+    manifest.write(out)
     return manifest
 
 
@@ -444,14 +446,3 @@ _PAGE_ID = re.compile(r"^[0-9a-f]{64}:\d+$")
 def is_page_id(item_id: str) -> bool:
     """Dead letters are per page (``doc_id:page``) or per input document (anything else)."""
     return bool(_PAGE_ID.match(item_id))
-
-
-def _doc_ids_in_shards(shards_dir: Path, entries: list[dict[str, Any]]) -> Iterable[str]:
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    seen: set[str] = set()
-    for e in entries:
-        ids = pq.read_table(shards_dir / e["file"], columns=["doc_id"])["doc_id"]
-        seen.update(pc.unique(ids).to_pylist())
-    return iter(sorted(seen))

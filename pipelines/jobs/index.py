@@ -13,9 +13,9 @@ refused unless every collection is empty, and Milvus Lite (no import service) is
 Done markers then mean "staged" and live in ``<bulk_dir>/.index_state``; a re-run after a crash skips crops
 already staged and imports old and new files together.
 
-    scifolio index build out/shards --uri ./index.db --shards 4 --embed-model tiny/retrieval/clip \\
+    scifolio index build --shards out --uri ./index.db --collections 4 --embed-model tiny/retrieval/clip \\
         --runner DirectRunner
-    scifolio index build out/shards --uri http://127.0.0.1:19530 --embed-model M --bulk-dir /data/bulk
+    scifolio index build --shards out --uri http://127.0.0.1:19530 --embed-model M --bulk-dir /data/bulk
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from retrieval.crops import CropItem, iter_crops, list_shards
+from formats import fs
+from formats.manifest import Manifest
+from formats.shards import file_sha256, list_shards, relative_name, shards_dir
+from retrieval.crops import CropItem, iter_crops
 from retrieval.index import IndexConfig, IndexRow, ShardedIndex, bulk_import, write_bulk_files
 
 NAMESPACE = "scifolio.index"
@@ -48,8 +51,8 @@ class BulkRefused(ValueError):
 
 @dataclass(frozen=True)
 class IndexJobConfig:
-    shards_dir: str
-    """Directory of shard parquet files (searched recursively)."""
+    out: str
+    """Build output directory (``scifolio build --out``): its manifest lists the shards and their sha256."""
     index: IndexConfig
     """Where and how to write (URI, collection prefix, number of shards, index type)."""
     embed_model: str
@@ -59,7 +62,7 @@ class IndexJobConfig:
     batch_size: int = 32
     """Crops per embedding batch (and per upsert)."""
     state_dir: str | None = None
-    """Where ``.done`` markers live; default ``<shards_dir>/.index_state/<collection prefix>``."""
+    """Where ``.done`` markers live; default ``<out>/_index_state/<collection prefix>``."""
     skip_existing: bool = True
     """Skip crops already in the index (resume; keeps stored quality scores)."""
     device: str = "cpu"
@@ -77,7 +80,7 @@ class IndexJobConfig:
             return Path(self.state_dir)
         if self.bulk_dir:  # markers mean "staged in bulk_dir", not "in the index": keep them with the files
             return Path(self.bulk_dir) / ".index_state"
-        return Path(self.shards_dir) / ".index_state" / self.index.name
+        return Path(self.out) / "_index_state" / self.index.name
 
 
 def _marker(state_dir: Path, source: str) -> Path:
@@ -85,32 +88,34 @@ def _marker(state_dir: Path, source: str) -> Path:
 
 
 def pending_shards(cfg: IndexJobConfig) -> list[str]:
-    """Shard files (relative paths) without a valid done marker."""
-    from pipelines.shards import file_sha256
-
-    root = Path(cfg.shards_dir)
-    out = []
-    for path in list_shards(root):
-        rel = str(path.relative_to(root))
+    """Shard files (relative to ``OUT/shards``) without a valid done marker. The manifest's sha256 of each file is
+    trusted when it exists (no re-hashing); shards listed without a manifest are hashed."""
+    try:
+        known = {e.file: e.sha256 for e in Manifest.read(cfg.out).shards}
+    except FileNotFoundError:
+        known = {}
+    pending = []
+    for path in list_shards(cfg.out):
+        rel = relative_name(path, cfg.out)
         m = _marker(cfg.resolved_state_dir, rel)
-        if m.exists() and json.loads(m.read_text()).get("sha256") == file_sha256(path):
+        if m.exists() and json.loads(m.read_text()).get("sha256") == (known.get(rel) or file_sha256(path)):
             continue
-        out.append(rel)
-    return out
+        pending.append(rel)
+    return pending
 
 
 class ReadCrops(beam.DoFn):
     """shard file (relative path) → its crops, once per sha256 per file; also emits (file, 0) so a file with
     no crops still gets its done marker."""
 
-    def __init__(self, shards_dir: str):
-        self.shards_dir = shards_dir
+    def __init__(self, out: str):
+        self.out = out
         self.read = Metrics.counter(NAMESPACE, "crops_read")
         self.files = Metrics.counter(NAMESPACE, "shard_files_read")
 
     def process(self, rel: str) -> Iterator:
         seen: set[str] = set()
-        for crop in iter_crops(Path(self.shards_dir) / rel, root=self.shards_dir):
+        for crop in iter_crops(os.path.join(shards_dir(self.out), rel), self.out):
             if crop.sha256 in seen:  # chunk overlap repeats images; the first occurrence is the provenance
                 continue
             seen.add(crop.sha256)
@@ -215,23 +220,16 @@ class EmbedAndWrite(beam.DoFn):
 class MarkDone(beam.DoFn):
     """After every batch of a file is written (the GroupByKey barrier), record the file as done."""
 
-    def __init__(self, shards_dir: str, state_dir: str):
-        self.shards_dir = shards_dir
+    def __init__(self, out: str, state_dir: str):
+        self.out = out
         self.state_dir = state_dir
         self.done = Metrics.counter(NAMESPACE, "shard_files_done")
 
     def process(self, item: tuple[str, Iterable[int]]) -> Iterator[str]:
-        from pipelines.shards import file_sha256
-
         rel, counts = item
-        state = Path(self.state_dir)
-        state.mkdir(parents=True, exist_ok=True)
-        marker = _marker(state, rel)
-        tmp = marker.with_name(f".{marker.name}.tmp-{os.getpid()}")
-        tmp.write_text(
-            json.dumps({"file": rel, "sha256": file_sha256(Path(self.shards_dir) / rel), "crops": int(sum(counts))})
-        )
-        os.replace(tmp, marker)
+        marker = _marker(Path(self.state_dir), rel)
+        sha = file_sha256(os.path.join(shards_dir(self.out), rel))
+        fs.write_text(marker, json.dumps({"file": rel, "sha256": sha, "crops": int(sum(counts))}))
         self.done.inc()
         yield rel
 
@@ -241,7 +239,7 @@ def build(p: beam.Pipeline, cfg: IndexJobConfig, files: list[str]):
         p
         | "ShardFiles" >> beam.Create(files)
         | "Reshuffle" >> beam.Reshuffle()
-        | "ReadCrops" >> beam.ParDo(ReadCrops(cfg.shards_dir)).with_outputs("files", main="crops")
+        | "ReadCrops" >> beam.ParDo(ReadCrops(cfg.out)).with_outputs("files", main="crops")
     )
     written = (
         read.crops
@@ -252,7 +250,7 @@ def build(p: beam.Pipeline, cfg: IndexJobConfig, files: list[str]):
         (written, read.files)
         | "Flatten" >> beam.Flatten()
         | "PerFile" >> beam.GroupByKey()
-        | "MarkDone" >> beam.ParDo(MarkDone(cfg.shards_dir, str(cfg.resolved_state_dir)))
+        | "MarkDone" >> beam.ParDo(MarkDone(cfg.out, str(cfg.resolved_state_dir)))
     )
 
 

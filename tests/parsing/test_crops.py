@@ -42,10 +42,10 @@ def test_size_caps():
 def test_crops_from_one_display_list_equal_per_box_page_renders():
     """``crop_blocks`` renders every box of a page from one display list; the PNGs (and so the ids) are the
     ones a separate ``page.get_pixmap(clip=box)`` per box gives."""
+    from formats.records import Block
     from parsing.config import ParseConfig
     from parsing.crops import crop_blocks
     from parsing.geometry import pad
-    from formats.records import Block
 
     page = _page()
     cfg = ParseConfig()
@@ -85,10 +85,10 @@ def test_page_crops_do_not_depend_on_what_was_rendered_before():
     """MuPDF reuses a 1-bit image decoded by an earlier render at another resolution (the OCR path renders
     scans at 150 DPI first), which changes crop pixels; ``finish_page`` empties that cache first, so a page's
     crops depend on the page alone, whichever process renders it after whatever."""
+    from formats.records import Block, Document
     from parsing.backends import ParsedPage
     from parsing.config import ParseConfig
     from parsing.core import finish_page
-    from formats.records import Block, Document
 
     data = _bilevel_scan_pdf()
     box = (54.9, 292.7, 148.3, 303.5)

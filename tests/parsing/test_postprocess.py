@@ -6,9 +6,9 @@ from __future__ import annotations
 import pymupdf
 import pytest
 
+from formats.records import Block
 from parsing.geometry import iou
 from parsing.postprocess import continues_block, refine_blocks, split_figure
-from formats.records import Block
 from tests.parsing.fixtures import _plot_png
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from parsing import Document, Dropped, Limits, Page, ParseConfig
 from formats.records import sha256_hex
+from parsing import Document, Dropped, Limits, Page, ParseConfig
 from tests.parsing import fixtures as F
 
 BAD = {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -12,9 +11,9 @@ import pytest
 from PIL import Image
 
 from formats.records import Block, Crop, Document, Dropped, Page
+from formats.shards import SHARD_SCHEMA, ChunkRow
 from pipelines.assembly.build import BuildConfig, DocumentBuilder, WorkStore, shard_of, write_shard_from_docs
 from pipelines.assembly.interleave import ImageTokenRule, page_segments
-from pipelines.shards import SHARD_SCHEMA, ChunkRow
 
 
 def _png(w: int, h: int, colour: int) -> Crop:
@@ -62,22 +61,23 @@ def test_builder_rows_round_trip_and_image_bytes(tiny_tokenizer):
     result = builder.build(data, "mem://x.pdf", [document, *pages, Dropped(f"{document.doc_id}:9", "parse", "timeout")])
     assert result.rows and result.stats["chunks"] == len(result.rows)
     assert [d.reason for d in result.dropped] == ["timeout"]
-    for k, row in enumerate(result.rows):
-        assert row["chunk_id"] == f"{document.doc_id}:{k}" and row["n_tokens"] <= 64
-        chunk = ChunkRow.from_row(row)
+    chunks = [ChunkRow.from_row(row) for row in result.rows]
+    for k, (row, chunk) in enumerate(zip(result.rows, chunks)):
+        assert chunk.chunk_id == f"{document.doc_id}:{k}" and chunk.n_tokens <= 64
         assert chunk.to_row() == row
         shas = {s.image_sha256 for s in chunk.segments if s.kind == "image"}
-        assert shas == {img["sha256"] for img in chunk.images}  # self-contained: every image's bytes are there
+        assert shas == {img.sha256 for img in chunk.images}  # self-contained: every image's bytes are there
         for img in chunk.images:
-            assert hashlib.sha256(img["png"]).hexdigest() == img["sha256"]
-        assert {r["page_index"] for r in row["page_renders"]} == {s.page_index for s in chunk.segments}
+            assert hashlib.sha256(img.png).hexdigest() == img.sha256
+        assert {r.page_index for r in chunk.page_renders} == {s.page_index for s in chunk.segments}
+        assert {p.page_index for p in chunk.pages} == {s.page_index for s in chunk.segments}
+        assert all(p.width > 0 and p.blocks for p in chunk.pages)  # page size and boxes travel with the chunk
     # all text tokens of the document appear, in order, once the overlaps are removed
     ids = []
-    for row in result.rows:
-        skip = json.loads(row["meta"])["overlap"]
-        flat = [t for s in row["segments"] for t in (s["token_ids"] if s["kind"] == "text" else [None] * s["n_tokens"])]
-        ids.extend(flat[skip:])
-    assert len(ids) == json.loads(result.rows[-1]["meta"])["end"]
+    for chunk in chunks:
+        flat = [t for s in chunk.segments for t in (s.token_ids if s.kind == "text" else [None] * s.n_tokens)]
+        ids.extend(flat[chunk.meta["overlap"] :])
+    assert len(ids) == chunks[-1].meta["end"]
 
 
 def test_builder_open_failure_and_empty_document(tiny_tokenizer):

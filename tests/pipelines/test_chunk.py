@@ -6,9 +6,9 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
+from formats.shards import Segment, ShardImage
 from pipelines.assembly.chunk import chunk_bounds, chunk_document
 from pipelines.assembly.interleave import TokenizedSegment
-from pipelines.shards import Segment
 
 
 def _doc(spec: list[tuple[str, int]]) -> list[TokenizedSegment]:
@@ -22,7 +22,7 @@ def _doc(spec: list[tuple[str, int]]) -> list[TokenizedSegment]:
             out.append(TokenizedSegment(Segment("text", n, i // 3, text=text, token_ids=ids), tuple(range(n))))
         else:
             sha = f"{i:064x}"
-            img = {"sha256": sha, "png": b"", "width": 28, "height": 28 * n, "kind": "figure"}
+            img = ShardImage(sha, b"", 28, 28 * n, "figure")
             out.append(TokenizedSegment(Segment("image", n, i // 3, image_sha256=sha), image=img))
     return out
 
@@ -71,7 +71,7 @@ def test_chunk_properties(spec, cap, overlap_frac):
         for s in c.segments:
             if s.kind == "image":
                 assert s.n_tokens == by_sha[s.image_sha256]
-                assert any(img["sha256"] == s.image_sha256 for img in c.images)
+                assert any(img.sha256 == s.image_sha256 for img in c.images)
         if k:
             prev = chunks[k - 1]
             assert c.overlap == prev.end - c.start

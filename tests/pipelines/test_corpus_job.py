@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -37,18 +36,18 @@ def _config(tokenizer: str, backend: str = "pymupdf"):
     )
 
 
-def _shard_rows(out: Path) -> list[dict]:
-    manifest = json.loads((out / "manifest.json").read_text())
-    rows = []
-    for e in manifest["shards"]:
-        rows.extend(pq.read_table(out / "shards" / e["file"]).to_pylist())
-    return rows
+def _shard_rows(out: Path) -> list:
+    from formats.shards import ShardFile, list_shards
+
+    return [chunk for path in list_shards(out) for chunk in ShardFile(path).iter_chunks()]
 
 
 def _fingerprint(out: Path) -> dict:
-    manifest = json.loads((out / "manifest.json").read_text())
+    from formats.manifest import Manifest
+
+    manifest = Manifest.read(out)
     q = {p.name: p.read_text() for p in sorted((out / "quarantine").glob("*.jsonl"))}
-    return {"shards": manifest["shards"], "quarantine": q, "totals": manifest["totals"]}
+    return {"shards": manifest.shards, "quarantine": q, "totals": manifest.totals}
 
 
 @pytest.fixture(scope="module")
@@ -79,22 +78,22 @@ def test_test_pipeline_builds_shards_and_quarantine(corpus: Path, tmp_path: Path
         0.0,
     )
 
-    t = manifest["totals"]
+    t = manifest.totals
     # every input is either in a shard or in quarantine
-    assert t["input_files"] == t["documents_in_shards"] + t["documents_quarantined"]
-    assert t["documents_in_shards"] == 3
-    reasons = manifest["dropped_by_reason"]
+    assert t.input_files == t.documents_in_shards + t.documents_quarantined
+    assert t.documents_in_shards == 3
+    reasons = manifest.dropped_by_reason
     assert reasons.get("open.not_pdf") == 1 and reasons.get("open.empty") == 1
     assert reasons.get("open.duplicate") == 1
     rows = _shard_rows(out)
-    assert len({r["doc_id"] for r in rows}) == 3 and all(r["n_tokens"] <= 512 for r in rows)
-    assert sum(e["rows"] for e in manifest["shards"]) == len(rows) == t["chunks"]
-    kinds = {img["kind"] for r in rows for img in r["images"]}
+    assert len({r.doc_id for r in rows}) == 3 and all(r.n_tokens <= 512 for r in rows)
+    assert sum(e.rows for e in manifest.shards) == len(rows) == t.chunks
+    kinds = {img.kind for r in rows for img in r.images}
     assert "figure" in kinds
-    for e in manifest["shards"]:
-        from pipelines.shards import file_sha256
+    for e in manifest.shards:
+        from formats.shards import file_sha256
 
-        assert file_sha256(out / "shards" / e["file"]) == e["sha256"]
+        assert file_sha256(out / "shards" / e.file) == e.sha256
 
     # the report reads what the job wrote: crop thumbnails, the histogram, pages drawn with their boxes
     from pipelines.report import write_report
@@ -105,7 +104,6 @@ def test_test_pipeline_builds_shards_and_quarantine(corpus: Path, tmp_path: Path
 
 
 def test_parse_view_writes_one_row_per_block(corpus: Path, tmp_path: Path):
-    import pyarrow.parquet as pq
 
     from parsing import ParseConfig
     from pipelines.jobs.parse_view import BLOCKS_SCHEMA, run_parse
@@ -185,15 +183,17 @@ def test_multiprocess_run_equals_in_memory_run_and_kill_resume(corpus: Path, tmp
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out.decode()[-3000:]
     assert _fingerprint(killed) == _fingerprint(ref)
-    manifest = json.loads((killed / "manifest.json").read_text())
-    assert manifest["metrics"].get("documents_resumed", 0) >= 1  # finished documents were not redone
+    from formats.manifest import Manifest
+
+    assert Manifest.read(killed).metrics.get("documents_resumed", 0) >= 1  # finished documents were not redone
     rows = _shard_rows(killed)
-    assert len({r["chunk_id"] for r in rows}) == len(rows)  # nothing duplicated
+    assert len({r.chunk_id for r in rows}) == len(rows)  # nothing duplicated
 
 
 def test_build_with_visual_gain_scores_every_kept_page(corpus: Path, tmp_path: Path, tiny_tokenizer: str):
     """The visual-gain slot in the real job: kept pages carry ΔH, dropped ones are dead letters with the numbers,
     the manifest has per-domain histograms, and every scored page is exported for review."""
+    from formats.scores import VisualGainScore
     from parsing import ParseConfig
     from pipelines.assembly.build import BuildConfig
     from pipelines.jobs.corpus import run
@@ -225,11 +225,11 @@ def test_build_with_visual_gain_scores_every_kept_page(corpus: Path, tmp_path: P
     assert rows
     scored_pages = 0
     for r in rows:
-        for page in r["pages"]:
-            vg = json.loads(page["scores"])["visual_gain"]
-            assert vg["kept"] is True and vg["delta_h_nats"] >= -10.0 and vg["n_images"] >= 1
+        for page in r.pages:
+            vg = VisualGainScore.of(page)
+            assert vg.kept is True and vg.delta_h_nats >= -10.0 and vg.n_images >= 1
             scored_pages += 1
-    assert manifest["visual_gain"] and all(d["kept"] >= 1 for d in manifest["visual_gain"].values())
+    assert manifest.visual_gain and all(d["kept"] >= 1 for d in manifest.visual_gain.values())
     exported = list(read_scored_pages(out / "visual_gain"))
-    assert len(exported) == manifest["metrics"]["pages_parsed"]
-    assert all("delta_h_nats" in p.scores["visual_gain"] for p in exported)
+    assert len(exported) == manifest.metrics["pages_parsed"]
+    assert all(VisualGainScore.of(p) is not None for p in exported)

@@ -9,10 +9,11 @@ from tests.pretrain.fixtures import write_corpus
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pipelines.tiny import write_tiny_tokenizer
     from pretrain.tiny import write_tiny_pretrain
 
     out = tmp_path_factory.mktemp("tiny")
-    write_tiny_pretrain(out)
+    write_tiny_pretrain(out, write_tiny_tokenizer(out / "tokenizer"))
     return out
 
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pipelines.shards import ChunkRow, Segment, write_shard
+from formats.shards import ChunkRow, PageRender, Segment, ShardImage, shard_name, write_shard
 
 
 def png_bytes(img: Image.Image) -> bytes:
@@ -67,14 +66,12 @@ def make_rows(
         if pages:
             for p in range(2):
                 img = blank_page() if (d + p) % 5 == 4 else text_page(rng)
-                renders.append(
-                    {"page_index": p, "png": png_bytes(img), "width": img.width, "height": img.height, "dpi": 72}
-                )
+                renders.append(PageRender(p, png_bytes(img), img.width, img.height, 72))
         row = ChunkRow(
             doc_id=doc_id,
             chunk_index=0,
             segments=segments,
-            images=({"sha256": sha, "png": fig, "width": 48, "height": 48, "kind": "figure"},),
+            images=(ShardImage(sha, fig, 48, 48, "figure"),),
             page_renders=tuple(renders),
         )
         rows.append(row.to_row())
@@ -84,11 +81,10 @@ def make_rows(
 def write_corpus(
     out: Path, n_docs: int = 24, n_shards: int = 2, vocab: int = 1024, seed: int = 0, pages: bool = True
 ) -> Path:
-    """``n_shards`` parquet shards plus a manifest, as the corpus job lays them out."""
+    """``n_shards`` parquet shards in ``out/shards`` (a build output directory without a manifest, which the
+    lister reads in name order; the real job's manifest is covered by tests/test_chain.py)."""
     rows = make_rows(n_docs, vocab, seed, pages=pages)
-    entries = []
     for s in range(n_shards):
         part = rows[s::n_shards]
-        entries.append(write_shard(out / f"shard-{s:05d}-of-{n_shards:05d}.parquet", part, row_group_size=8))
-    (out / "manifest.json").write_text(json.dumps({"shards": entries}))
+        write_shard(out / "shards" / shard_name(s, n_shards), part, row_group_size=8)
     return out

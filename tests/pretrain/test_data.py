@@ -6,13 +6,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
+from formats.shards import ShardFile, list_shards
+from formats.weights import SampleWeights, WeightsMismatch
 from pretrain.config import DataConfig
-from pretrain.data import Packer, ShardIndex, ShardLoader, flatten, list_shards
+from pretrain.data import Packer, ShardIndex, ShardLoader, flatten
 from pretrain.objective import IGNORE
 from tests.pretrain.fixtures import write_corpus
 
@@ -20,8 +20,8 @@ from tests.pretrain.fixtures import write_corpus
 def _lengths(corpus: Path, max_image_tokens: int = 64) -> dict[str, int]:
     out = {}
     for f in list_shards(str(corpus)):
-        for row in pq.read_table(f).to_pylist():
-            out[row["chunk_id"]] = len(flatten(row, max_image_tokens).tokens)
+        for row in ShardFile(f).iter_chunks():
+            out[row.chunk_id] = len(flatten(row, max_image_tokens).tokens)
     return out
 
 
@@ -107,11 +107,11 @@ def test_loader_state_dict_resume(corpus: Path, num_workers: int) -> None:
 def test_sample_weights_file(corpus: Path, tmp_path: Path) -> None:
     ids = list(_lengths(corpus))
     weights = tmp_path / "weights.parquet"
-    pq.write_table(pa.table({"chunk_id": [ids[0], ids[1], ids[2]], "weight": [3.0, 0.0, 0.5]}), weights)
+    SampleWeights(chunks={ids[0]: 3.0, ids[1]: 0.0, ids[2]: 0.5}).write(weights)
     index = ShardIndex.open(str(corpus), str(weights))
     names = {}
     for f, path in enumerate(index.files):
-        for r, cid in enumerate(pq.read_table(path, columns=["chunk_id"]).column("chunk_id").to_pylist()):
+        for r, cid in enumerate(ShardFile(path).sample_weights()[0]):
             names[(f, r)] = cid
     seen_half = 0
     for epoch in range(40):
@@ -123,6 +123,13 @@ def test_sample_weights_file(corpus: Path, tmp_path: Path) -> None:
     assert 10 <= seen_half <= 30  # weight 0.5: about every other epoch
     assert not np.array_equal(index.plan(0, 0), index.plan(0, 1))  # reshuffled each epoch
     assert np.array_equal(index.plan(0, 3), ShardIndex.open(str(corpus), str(weights)).plan(0, 3))  # deterministic
+
+
+def test_weights_for_another_corpus_is_an_error(corpus: Path, tmp_path: Path) -> None:
+    weights = tmp_path / "weights.parquet"
+    SampleWeights(chunks={"0" * 64 + ":0": 2.0}).write(weights)
+    with pytest.raises(WeightsMismatch, match="none of its 1 chunk ids"):
+        ShardIndex.open(str(corpus), str(weights))
 
 
 def test_missing_page_renders_is_a_clear_error(tmp_path: Path) -> None:

@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 from retrieval_fakes import COLORS, loopback_only, make_rows
 
-from pipelines.shards import write_shard
+from formats.shards import write_shard
 
 
 @pytest.fixture
-def shards_dir(tmp_path: Path) -> Path:
-    """Two shard files, 4 chunks, 12 distinct crops (circles in one document, squares in the other)."""
-    d = tmp_path / "shards"
+def corpus_out(tmp_path: Path) -> Path:
+    """A build output directory with two shard files, 4 chunks, 12 distinct crops (circles in one document,
+    squares in the other)."""
+    d = tmp_path / "out"
     names = list(COLORS)
-    write_shard(d / "shard-00000-of-00002.parquet", make_rows("doc-a", names, "circle"))
-    write_shard(d / "shard-00001-of-00002.parquet", make_rows("doc-b", names, "square"))
+    write_shard(d / "shards" / "shard-00000-of-00002.parquet", make_rows("doc-a", names, "circle"))
+    write_shard(d / "shards" / "shard-00001-of-00002.parquet", make_rows("doc-b", names, "square"))
     return d
 
 
@@ -79,20 +80,21 @@ def index_config_factory(request, tmp_path: Path):
 @pytest.fixture(scope="module")
 def ready_index(tmp_path_factory, tiny_models):
     """A Milvus Lite index of the 12 fixture crops, embedded with the tiny CLIP (no Beam: fast)."""
-    from retrieval.crops import iter_crops, list_shards
+    from formats.shards import list_shards
+    from retrieval.crops import iter_crops
     from retrieval.embed import EmbedConfig, STEmbedder
     from retrieval.index import IndexConfig, IndexRow, ShardedIndex
 
     root = tmp_path_factory.mktemp("ready")
-    shards = root / "shards"
+    out = root / "out"
     names = list(COLORS)
-    write_shard(shards / "shard-00000-of-00002.parquet", make_rows("doc-a", names, "circle"))
-    write_shard(shards / "shard-00001-of-00002.parquet", make_rows("doc-b", names, "square"))
+    write_shard(out / "shards" / "shard-00000-of-00002.parquet", make_rows("doc-a", names, "circle"))
+    write_shard(out / "shards" / "shard-00001-of-00002.parquet", make_rows("doc-b", names, "square"))
     emb = STEmbedder(EmbedConfig(tiny_models["retrieval-clip"])).load()
-    crops = [c for p in list_shards(shards) for c in iter_crops(p, root=shards)]
+    crops = [c for p in list_shards(out) for c in iter_crops(p, out)]
     vecs = emb.encode_images([c.png for c in crops])
     cfg = IndexConfig(uri=str(root / "index.db"), name="crops", n_shards=3)
     with ShardedIndex(cfg) as ix:
         ix.ensure(emb.dim)
         ix.upsert([IndexRow.from_crop(c, v) for c, v in zip(crops, vecs)])
-    return {"config": cfg, "shards": shards, "crops": crops}
+    return {"config": cfg, "out": out, "crops": crops}

@@ -7,7 +7,7 @@ import io
 
 import numpy as np
 
-from pipelines.shards import ChunkRow, Segment
+from formats.shards import ChunkRow, Segment, ShardImage
 
 COLORS = {
     "red": (220, 30, 30),
@@ -75,6 +75,6 @@ def make_rows(doc: str, colors: list[str], shape: str, size: tuple[int, int] = (
             segs.append(Segment("text", 6, page, text=f"Figure {page + 1}: a {name} {shape} plot."))
             segs.append(Segment("image", 64, page, image_sha256=sha))
             segs.append(Segment("text", 5, page, text=f"The {name} {shape} shows the result."))
-            imgs.append({"sha256": sha, "png": png, "width": size[0], "height": size[1], "kind": "figure"})
+            imgs.append(ShardImage(sha, png, size[0], size[1], "figure"))
         rows.append(ChunkRow(doc_id=doc_id, chunk_index=chunk_index, segments=tuple(segs), images=tuple(imgs)).to_row())
     return rows

@@ -24,7 +24,7 @@ def server(ready_index, tiny_models):
     with socket.socket() as sock:  # a free loopback port
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    app = create_app(s, ServeConfig(port=port, shards_dir=str(ready_index["shards"])))
+    app = create_app(s, ServeConfig(port=port, shards=str(ready_index["out"])))
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     t = threading.Thread(target=srv.run, daemon=True)
     t.start()

@@ -25,9 +25,9 @@ def test_help_mentions_every_subcommand(capsys):
     assert all(w in out for w in ("build", "query", "serve", "weights"))
 
 
-def test_build_bulk_dir_on_lite_exits_2_before_any_work(shards_dir, tmp_path, capsys):
+def test_build_bulk_dir_on_lite_exits_2_before_any_work(corpus_out, tmp_path, capsys):
     args = parse(
-        ["index", "build", str(shards_dir), "--uri", str(tmp_path / "cli.db"), "--embed-model", "unused"]
+        ["index", "build", "--shards", str(corpus_out), "--uri", str(tmp_path / "cli.db"), "--embed-model", "unused"]
         + ["--bulk-dir", str(tmp_path / "bulk")]
     )
     assert args.bulk_dir == str(tmp_path / "bulk")
@@ -38,17 +38,18 @@ def test_build_bulk_dir_on_lite_exits_2_before_any_work(shards_dir, tmp_path, ca
 
 
 @pytest.mark.slow  # Beam build + three model loads
-def test_build_query_weights(shards_dir, tiny_models, tmp_path, capsys):
+def test_build_query_weights(corpus_out, tiny_models, tmp_path, capsys):
     uri = str(tmp_path / "cli.db")
     clip = tiny_models["retrieval-clip"]
     args = parse(
         [
             "index",
             "build",
-            str(shards_dir),
+            "--shards",
+            str(corpus_out),
             "--uri",
             uri,
-            "--shards",
+            "--collections",
             "2",
             "--embed-model",
             clip,
@@ -62,7 +63,7 @@ def test_build_query_weights(shards_dir, tiny_models, tmp_path, capsys):
     totals = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert totals["crops_written"] == 12 and totals["shard_files_done"] == 2
 
-    # --shards is discovered from the collections.
+    # --collections is discovered from the index.
     args = parse(["index", "query", "a red circle", "--uri", uri, "--embed-model", clip, "--k", "3", "--json"])
     assert args.func(args) == 0
     res = json.loads(capsys.readouterr().out)
@@ -82,8 +83,8 @@ def test_build_query_weights(shards_dir, tiny_models, tmp_path, capsys):
             str(queries),
             "--out",
             str(out),
-            "--shards-dir",
-            str(shards_dir),
+            "--shards",
+            str(corpus_out),
             "--uri",
             uri,
             "--embed-model",
@@ -101,8 +102,9 @@ def test_build_query_weights(shards_dir, tiny_models, tmp_path, capsys):
     assert args.func(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["queries"] == 2 and summary["scored_images"] == 12
-    from retrieval.weights import read_weights
+    from formats.weights import SampleWeights
 
-    img_w, ch_w = read_weights(out, "image"), read_weights(out, "chunk")
+    written = SampleWeights.read(out)
+    img_w, ch_w = written.images, written.chunks
     assert len(img_w) == 12 and all(1.0 <= w <= 2.0 for w in img_w.values())
     assert len(ch_w) == 4 and all(1.0 < w <= 2.0 for w in ch_w.values())

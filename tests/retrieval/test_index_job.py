@@ -12,10 +12,10 @@ from retrieval.index import ShardedIndex
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # Beam + model load: ~20-40 s each here
 
 
-def test_ingest_twice_same_rows_and_resume(index_config_factory, shards_dir, tiny_models, tmp_path):
+def test_ingest_twice_same_rows_and_resume(index_config_factory, corpus_out, tiny_models, tmp_path):
     icfg = index_config_factory(n_shards=2)
     cfg = IndexJobConfig(
-        shards_dir=str(shards_dir),
+        out=str(corpus_out),
         index=icfg,
         embed_model=tiny_models["retrieval-clip"],
         batch_size=5,
@@ -51,14 +51,14 @@ def test_ingest_twice_same_rows_and_resume(index_config_factory, shards_dir, tin
         assert ix.ids() == ids1 and ix.counts() == counts1
 
 
-def test_rewritten_shard_is_ingested_again(shards_dir, tiny_models, tmp_path):
+def test_rewritten_shard_is_ingested_again(corpus_out, tiny_models, tmp_path):
     from retrieval_fakes import make_rows
 
-    from pipelines.shards import write_shard
+    from formats.shards import write_shard
     from retrieval.index import IndexConfig
 
     cfg = IndexJobConfig(
-        shards_dir=str(shards_dir),
+        out=str(corpus_out),
         index=IndexConfig(str(tmp_path / "i.db"), n_shards=2),
         embed_model=tiny_models["retrieval-clip"],
         batch_size=8,
@@ -66,7 +66,8 @@ def test_rewritten_shard_is_ingested_again(shards_dir, tiny_models, tmp_path):
     run(cfg)
     assert pending_shards(cfg) == []
     write_shard(
-        shards_dir / "shard-00001-of-00002.parquet", make_rows("doc-c", ["red", "blue"], "square", size=(80, 40))
+        corpus_out / "shards" / "shard-00001-of-00002.parquet",
+        make_rows("doc-c", ["red", "blue"], "square", size=(80, 40)),
     )
     assert pending_shards(cfg) == ["shard-00001-of-00002.parquet"]
     out = run(cfg)
@@ -75,16 +76,17 @@ def test_rewritten_shard_is_ingested_again(shards_dir, tiny_models, tmp_path):
         assert ix.count() == 14
 
 
-def test_dedupe_staged_keeps_first_copy(shards_dir, tmp_path):
+def test_dedupe_staged_keeps_first_copy(corpus_out, tmp_path):
     import pyarrow.parquet as pq
     from retrieval_fakes import HashEmbedder
 
+    from formats.shards import list_shards
     from pipelines.jobs.index import dedupe_staged, stage_batch, staged_files, staged_ids
-    from retrieval.crops import iter_crops, list_shards
+    from retrieval.crops import iter_crops
     from retrieval.index import IndexRow
 
     emb = HashEmbedder(8)
-    crops = [c for p in list_shards(shards_dir) for c in iter_crops(p, root=shards_dir)]
+    crops = [c for p in list_shards(corpus_out) for c in iter_crops(p, corpus_out)]
     rows = [IndexRow.from_crop(c, v) for c, v in zip(crops, emb.encode_images([c.png for c in crops]))]
     bulk = tmp_path / "bulk"
     assert stage_batch(rows[:8], str(bulk), n_shards=2) == 8
@@ -98,12 +100,12 @@ def test_dedupe_staged_keeps_first_copy(shards_dir, tmp_path):
     assert dedupe_staged(staged_files(bulk)) == 0
 
 
-def test_bulk_build_refuses_lite_before_any_work(shards_dir, tiny_models, tmp_path):
+def test_bulk_build_refuses_lite_before_any_work(corpus_out, tiny_models, tmp_path):
     from pipelines.jobs.index import BulkRefused
     from retrieval.index import IndexConfig
 
     cfg = IndexJobConfig(
-        shards_dir=str(shards_dir),
+        out=str(corpus_out),
         index=IndexConfig(str(tmp_path / "i.db"), n_shards=2),
         embed_model=tiny_models["retrieval-clip"],
         bulk_dir=str(tmp_path / "bulk"),
@@ -111,10 +113,10 @@ def test_bulk_build_refuses_lite_before_any_work(shards_dir, tiny_models, tmp_pa
     with pytest.raises(BulkRefused, match="Milvus Lite, which has no bulk import"):
         run(cfg)
     assert not (tmp_path / "i.db").exists() and not (tmp_path / "bulk").exists()
-    assert not (shards_dir / ".index_state").exists()
+    assert not (corpus_out / "_index_state").exists()
 
 
-def test_bulk_build_on_server_matches_upsert_build(milvus_server, shards_dir, tiny_models, tmp_path):
+def test_bulk_build_on_server_matches_upsert_build(milvus_server, corpus_out, tiny_models, tmp_path):
     """The bulk path against the real server: same rows and same query answers as the upsert path; crops staged
     by an interrupted earlier attempt are skipped and imported with the rest; a crop in two shard files is
     imported once; a re-run into the loaded index is refused before any work."""
@@ -123,25 +125,25 @@ def test_bulk_build_on_server_matches_upsert_build(milvus_server, shards_dir, ti
     import numpy as np
     from retrieval_fakes import COLORS, make_rows
 
+    from formats.shards import list_shards, write_shard
     from pipelines.jobs.index import BulkRefused, stage_batch, staged_files
-    from pipelines.shards import write_shard
-    from retrieval.crops import iter_crops, list_shards
+    from retrieval.crops import iter_crops
     from retrieval.embed import EmbedConfig, STEmbedder
     from retrieval.index import IndexConfig, IndexRow
 
     # A third shard file repeating three of doc-a's crops: the same sha256 reaches two batches.
-    write_shard(shards_dir / "shard-dup.parquet", make_rows("doc-a", list(COLORS)[:3], "circle"))
+    write_shard(corpus_out / "shards" / "shard-dup.parquet", make_rows("doc-a", list(COLORS)[:3], "circle"))
     clip = tiny_models["retrieval-clip"]
     prefix = f"t{uuid.uuid4().hex[:8]}"
     up_cfg = IndexJobConfig(
-        shards_dir=str(shards_dir),
+        out=str(corpus_out),
         index=IndexConfig(milvus_server, name=f"{prefix}up", n_shards=2),
         embed_model=clip,
         batch_size=5,
     )
     bulk = tmp_path / "bulk"
     bulk_cfg = IndexJobConfig(
-        shards_dir=str(shards_dir),
+        out=str(corpus_out),
         index=IndexConfig(milvus_server, name=f"{prefix}bulk", n_shards=2),
         embed_model=clip,
         batch_size=5,
@@ -149,7 +151,7 @@ def test_bulk_build_on_server_matches_upsert_build(milvus_server, shards_dir, ti
         bulk_timeout_s=180,
     )
     emb = STEmbedder(EmbedConfig(clip)).load()
-    crops = [c for p in list_shards(shards_dir) for c in iter_crops(p, root=shards_dir)]
+    crops = [c for p in list_shards(corpus_out) for c in iter_crops(p, corpus_out)]
     # An earlier bulk attempt that staged two crops and died, leaving a half-moved batch behind.
     pre = [c for c in crops if c.source == "shard-00001-of-00002.parquet"][:2]
     stage_batch([IndexRow.from_crop(c, v) for c, v in zip(pre, emb.encode_images([c.png for c in pre]))], str(bulk), 2)

@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 
+from formats.shards import Segment
 from retrieval.crops import image_context
 from retrieval.index import Hit, IndexConfig, clip_bytes, collection_names, merge_hits, shard_of
 from retrieval.rerank import candidate_text, order_by_scores, to_unit_interval
@@ -83,11 +84,11 @@ def test_candidate_text_joins_caption_and_context():
 
 def test_image_context_takes_text_on_both_sides():
     segs = [
-        {"kind": "text", "text": "Intro.", "page_index": 0},
-        {"kind": "image", "image_sha256": "other", "page_index": 0},
-        {"kind": "text", "text": "Figure 2: a phase diagram.", "page_index": 1},
-        {"kind": "image", "image_sha256": "want", "page_index": 1},
-        {"kind": "text", "text": "It shows two phases.", "page_index": 1},
+        Segment("text", 2, 0, text="Intro."),
+        Segment("image", 4, 0, image_sha256="other"),
+        Segment("text", 6, 1, text="Figure 2: a phase diagram."),
+        Segment("image", 4, 1, image_sha256="want"),
+        Segment("text", 5, 1, text="It shows two phases."),
     ]
     page, ctx = image_context(segs, "want", chars=200)
     assert page == 1

@@ -7,21 +7,22 @@ import numpy as np
 import pytest
 from retrieval_fakes import HashEmbedder
 
-from retrieval.crops import iter_crops, list_shards
+from formats.shards import list_shards
+from retrieval.crops import iter_crops
 from retrieval.index import UNSCORED, IndexRow, ShardedIndex, shard_of
 
 pytestmark = pytest.mark.integration
 
 
-def rows_from(shards_dir, emb: HashEmbedder) -> list[IndexRow]:
-    crops = [c for p in list_shards(shards_dir) for c in iter_crops(p, root=shards_dir)]
+def rows_from(corpus_out, emb: HashEmbedder) -> list[IndexRow]:
+    crops = [c for p in list_shards(corpus_out) for c in iter_crops(p, corpus_out)]
     vecs = emb.encode_images([c.png for c in crops])
     return [IndexRow.from_crop(c, v) for c, v in zip(crops, vecs)]
 
 
-def test_upsert_routes_by_sha_and_is_idempotent(index_config_factory, shards_dir):
+def test_upsert_routes_by_sha_and_is_idempotent(index_config_factory, corpus_out):
     emb = HashEmbedder(16)
-    rows = rows_from(shards_dir, emb)
+    rows = rows_from(corpus_out, emb)
     with ShardedIndex(index_config_factory(n_shards=3)) as ix:
         ix.ensure(emb.dim)
         assert ix.upsert(rows) == 12
@@ -38,9 +39,9 @@ def test_upsert_routes_by_sha_and_is_idempotent(index_config_factory, shards_dir
             ix.ensure(32)
 
 
-def test_fanout_search_finds_each_crop_first_with_provenance(index_config_factory, shards_dir):
+def test_fanout_search_finds_each_crop_first_with_provenance(index_config_factory, corpus_out):
     emb = HashEmbedder(16)
-    rows = rows_from(shards_dir, emb)
+    rows = rows_from(corpus_out, emb)
     with ShardedIndex(index_config_factory(n_shards=4, index_type="HNSW")) as ix:
         ix.ensure(emb.dim)
         ix.upsert(rows)
@@ -64,9 +65,9 @@ def test_fanout_search_finds_each_crop_first_with_provenance(index_config_factor
         assert [h.sha256 for h in ix.search(q, k=5)[0]] == [r.sha256 for r in brute]
 
 
-def test_quality_scores_are_stored_as_max(index_config_factory, shards_dir):
+def test_quality_scores_are_stored_as_max(index_config_factory, corpus_out):
     emb = HashEmbedder(16)
-    rows = rows_from(shards_dir, emb)[:4]
+    rows = rows_from(corpus_out, emb)[:4]
     with ShardedIndex(index_config_factory(n_shards=2, index_type="IVF_SQ8", build_params={"nlist": 4})) as ix:
         ix.ensure(emb.dim)
         ix.upsert(rows)
@@ -79,13 +80,13 @@ def test_quality_scores_are_stored_as_max(index_config_factory, shards_dir):
         assert ix.count() == 4  # updates rewrote rows, never duplicated them
 
 
-def test_bulk_files_roundtrip_and_import(index_config_factory, shards_dir, tmp_path):
+def test_bulk_files_roundtrip_and_import(index_config_factory, corpus_out, tmp_path):
     import pyarrow.parquet as pq
 
     from retrieval.index import bulk_import, write_bulk_files
 
     emb = HashEmbedder(16)
-    rows = rows_from(shards_dir, emb)
+    rows = rows_from(corpus_out, emb)
     cfg = index_config_factory(n_shards=2)
     files = write_bulk_files(rows + rows[:3], str(tmp_path / "bulk"), n_shards=2, rows_per_file=4)
     tables = [pq.read_table(f) for fs in files.values() for f in fs]

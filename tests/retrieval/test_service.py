@@ -24,7 +24,7 @@ def client(ready_index, tiny_models):
         tiny_models["retrieval-reranker"],
         config=SearchConfig(candidates=12),
     )
-    app = create_app(s, ServeConfig(shards_dir=str(ready_index["shards"]), max_upload_bytes=200_000))
+    app = create_app(s, ServeConfig(shards=str(ready_index["out"]), max_upload_bytes=200_000))
     with TestClient(app) as c:
         yield c
     s.index.close()

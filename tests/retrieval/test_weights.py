@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from formats.weights import SampleWeights
 from retrieval.weights import (
     WeightConfig,
     best_scores,
@@ -14,7 +15,6 @@ from retrieval.weights import (
     image_weights,
     iter_chunk_images,
     parse_query_line,
-    read_weights,
     write_weights,
 )
 
@@ -47,8 +47,8 @@ def test_config_rejects_weights_that_would_lower_a_ratio():
         WeightConfig(min_score=1.0)
 
 
-def test_weights_parquet_roundtrip(tmp_path, shards_dir):
-    chunk_images = dict(iter_chunk_images(shards_dir))
+def test_weights_parquet_roundtrip(tmp_path, corpus_out):
+    chunk_images = dict(iter_chunk_images(corpus_out))
     assert len(chunk_images) == 4 and all(len(v) == 3 for v in chunk_images.values())
     first_chunk, ids = sorted(chunk_images.items())[0]
     cfg = WeightConfig(min_score=0.5, max_weight=3.0)
@@ -57,8 +57,8 @@ def test_weights_parquet_roundtrip(tmp_path, shards_dir):
     ch_w = chunk_weights(chunk_images.items(), img_w)
     n = write_weights(tmp_path / "w.parquet", scores, img_w, ch_w)
     assert n == 2
-    assert read_weights(tmp_path / "w.parquet", "chunk") == {first_chunk: 3.0}
-    assert read_weights(tmp_path / "w.parquet", "image") == {ids[0]: 3.0}
+    assert SampleWeights.read(tmp_path / "w.parquet").chunks == {first_chunk: 3.0}
+    assert SampleWeights.read(tmp_path / "w.parquet").images == {ids[0]: 3.0}
     import pyarrow.parquet as pq
 
     rows = pq.read_table(tmp_path / "w.parquet").to_pylist()

@@ -1,0 +1,447 @@
+"""The corpus shard format: one parquet row per chunk, self-contained; its schema, writer, lister and reader.
+
+A shard never needs another file to be read: the chunk's segments carry token ids, its images carry
+their PNG bytes, and optional page renders feed the next-patch pre-training objective.
+
+Every consumer (retrieval, pre-training, the report, the index job) reads shards through this module: it
+names a build output directory ``OUT`` (the folder given to ``scifolio build --out``, holding
+``manifest.json`` and ``shards/``), lists its shards with :func:`list_shards` and reads typed rows with
+:class:`ShardFile`. No module outside ``formats/`` names a shard column.
+
+    from formats.shards import ShardFile, list_shards
+    for path in list_shards("out"):
+        for chunk in ShardFile(path).iter_chunks(parts=("segments", "images")):
+            print(chunk.chunk_id, chunk.n_tokens, [i.sha256 for i in chunk.images])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from formats import fs
+from formats.manifest import MANIFEST_NAME, SHARDS_DIR, Manifest
+
+SCHEMA_VERSION = "2"  # 2: page provenance carries the page size and its layout boxes
+
+SEGMENT_TYPE = pa.struct(
+    [
+        ("kind", pa.string()),  # "text" | "image"
+        ("text", pa.string()),
+        ("token_ids", pa.list_(pa.uint32())),
+        ("image_sha256", pa.string()),
+        ("n_tokens", pa.int64()),
+        ("page_index", pa.int32()),
+    ]
+)
+IMAGE_TYPE = pa.struct(
+    [
+        ("sha256", pa.string()),
+        ("png", pa.binary()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("kind", pa.string()),  # figure | table | equation
+    ]
+)
+PAGE_RENDER_TYPE = pa.struct(
+    [
+        ("page_index", pa.int32()),
+        ("png", pa.binary()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("dpi", pa.int32()),
+    ]
+)
+# Per-page provenance of the pages a chunk touches: parser backend and stage scores (JSON).
+PAGE_INFO_TYPE = pa.struct(
+    [
+        ("page_index", pa.int32()),
+        ("parser", pa.string()),
+        ("scores", pa.string()),  # JSON of Page.scores
+        ("width", pa.float32()),  # PDF points
+        ("height", pa.float32()),
+        ("blocks", pa.string()),  # JSON list of {kind, bbox, crop}: the page's layout boxes in reading order
+    ]
+)
+
+SHARD_SCHEMA = pa.schema(
+    [
+        ("chunk_id", pa.string()),
+        ("doc_id", pa.string()),
+        ("chunk_index", pa.int32()),
+        ("n_tokens", pa.int64()),
+        ("segments", pa.list_(SEGMENT_TYPE)),
+        ("images", pa.list_(IMAGE_TYPE)),
+        ("page_renders", pa.list_(PAGE_RENDER_TYPE)),
+        ("pages", pa.list_(PAGE_INFO_TYPE)),
+        ("sample_weight", pa.float32()),
+        ("meta", pa.string()),
+    ],
+    metadata={"scifolio.schema_version": SCHEMA_VERSION},
+)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of text tokens or one atomic image, with the page it came from."""
+
+    kind: str  # "text" | "image"
+    n_tokens: int
+    page_index: int
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    image_sha256: str | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "image_sha256": self.image_sha256,
+            "n_tokens": self.n_tokens,
+            "page_index": self.page_index,
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Segment:
+        return cls(
+            kind=row["kind"],
+            n_tokens=int(row["n_tokens"]),
+            page_index=int(row["page_index"]),
+            text=row.get("text") or "",
+            token_ids=tuple(row.get("token_ids") or ()),
+            image_sha256=row.get("image_sha256"),
+        )
+
+
+@dataclass(frozen=True)
+class ShardImage:
+    """An image a chunk's segments reference, PNG bytes included."""
+
+    sha256: str
+    png: bytes
+    width: int
+    height: int
+    kind: str  # figure | table | equation
+
+    def to_row(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "png": self.png, "width": self.width, "height": self.height, "kind": self.kind}
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ShardImage:
+        return cls(row["sha256"], bytes(row["png"]), int(row["width"]), int(row["height"]), row.get("kind") or "")
+
+
+@dataclass(frozen=True)
+class PageRender:
+    """A whole-page render (``scifolio build --page-renders``), input of the next-patch objective."""
+
+    page_index: int
+    png: bytes
+    width: int
+    height: int
+    dpi: int
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "page_index": self.page_index,
+            "png": self.png,
+            "width": self.width,
+            "height": self.height,
+            "dpi": self.dpi,
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> PageRender:
+        return cls(int(row["page_index"]), bytes(row["png"]), int(row["width"]), int(row["height"]), int(row["dpi"]))
+
+
+@dataclass(frozen=True)
+class LayoutBox:
+    """One block of a parsed page as the report draws it."""
+
+    kind: str
+    bbox: tuple[float, float, float, float]
+    crop: str | None = None
+    """sha256 of the block's crop, when it was cropped."""
+
+
+@dataclass(frozen=True)
+class PageInfo:
+    """Provenance of a page a chunk touches: parser backend, stage scores (``Page.scores``), size and boxes."""
+
+    page_index: int
+    parser: str
+    scores: Mapping[str, Any] = field(default_factory=dict)
+    width: float = 0.0
+    height: float = 0.0
+    blocks: tuple[LayoutBox, ...] = ()
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "page_index": self.page_index,
+            "parser": self.parser,
+            "scores": json.dumps(dict(self.scores), default=str),
+            "width": self.width,
+            "height": self.height,
+            "blocks": json.dumps([{"kind": b.kind, "bbox": list(b.bbox), "crop": b.crop} for b in self.blocks]),
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> PageInfo:
+        blocks = tuple(
+            LayoutBox(b["kind"], tuple(b["bbox"]), b.get("crop")) for b in json.loads(row.get("blocks") or "[]")
+        )
+        return cls(
+            int(row["page_index"]),
+            row.get("parser") or "",
+            json.loads(row.get("scores") or "{}"),
+            float(row.get("width") or 0.0),
+            float(row.get("height") or 0.0),
+            blocks,
+        )
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    """One shard row. ``images`` holds every image a segment references, PNG bytes included."""
+
+    doc_id: str
+    chunk_index: int
+    segments: tuple[Segment, ...]
+    images: tuple[ShardImage, ...] = ()
+    page_renders: tuple[PageRender, ...] = ()
+    pages: tuple[PageInfo, ...] = ()
+    sample_weight: float = 1.0
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    n_tokens_stored: int | None = None
+    """``n_tokens`` as read from a shard (set by the reader when segments were not read)."""
+
+    @property
+    def chunk_id(self) -> str:
+        return chunk_id(self.doc_id, self.chunk_index)
+
+    @property
+    def n_tokens(self) -> int:
+        if self.n_tokens_stored is not None:
+            return self.n_tokens_stored
+        return sum(s.n_tokens for s in self.segments)
+
+    def image_ids(self) -> list[str]:
+        """sha256 of every image segment, in order."""
+        return [s.image_sha256 for s in self.segments if s.kind == "image" and s.image_sha256]
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "chunk_id": self.chunk_id,
+            "doc_id": self.doc_id,
+            "chunk_index": self.chunk_index,
+            "n_tokens": self.n_tokens,
+            "segments": [s.to_row() for s in self.segments],
+            "images": [i.to_row() for i in self.images],
+            "page_renders": [r.to_row() for r in self.page_renders],
+            "pages": [p.to_row() for p in self.pages],
+            "sample_weight": float(self.sample_weight),
+            "meta": json.dumps(dict(self.meta), sort_keys=True, default=str),
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ChunkRow:
+        """A (possibly partial) row: parts that were not read come back empty."""
+        weight = row.get("sample_weight")
+        return cls(
+            doc_id=row["doc_id"],
+            chunk_index=int(row["chunk_index"]),
+            segments=tuple(Segment.from_row(s) for s in row.get("segments") or ()),
+            images=tuple(ShardImage.from_row(i) for i in row.get("images") or ()),
+            page_renders=tuple(PageRender.from_row(r) for r in row.get("page_renders") or ()),
+            pages=tuple(PageInfo.from_row(p) for p in row.get("pages") or ()),
+            sample_weight=1.0 if weight is None else float(weight),
+            meta=json.loads(row["meta"]) if row.get("meta") else {},
+            n_tokens_stored=int(row["n_tokens"]) if row.get("n_tokens") is not None else None,
+        )
+
+
+def chunk_id(doc_id: str, chunk_index: int) -> str:
+    """The content-derived chunk id (DESIGN: ``f"{doc_id}:{chunk_index}"``)."""
+    return f"{doc_id}:{chunk_index}"
+
+
+def rows_to_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(list(rows), schema=SHARD_SCHEMA)
+
+
+def file_sha256(path: str | os.PathLike[str], bufsize: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with fs.open_input(path) as f:
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def shard_name(index: int, n_shards: int) -> str:
+    return f"shard-{index:05d}-of-{n_shards:05d}.parquet"
+
+
+SHARD_NAME = re.compile(r"^shard-\d{5}-of-\d{5}\.parquet$")
+
+
+def entry_for(path: str | os.PathLike[str], rows: int, tokens: int) -> dict[str, Any]:
+    """The manifest entry of a written shard file."""
+    return {
+        "file": os.path.basename(str(path)),
+        "rows": rows,
+        "tokens": tokens,
+        "sha256": file_sha256(path),
+        "bytes": fs.size(path),
+    }
+
+
+def write_shard(
+    path: str | os.PathLike[str], rows: Iterable[Mapping[str, Any] | ChunkRow], row_group_size: int = 64
+) -> dict[str, Any]:
+    """Write rows to ``path`` (committed whole) and return its manifest entry."""
+    rows = [r.to_row() if isinstance(r, ChunkRow) else r for r in rows]
+    table = rows_to_table(rows)
+    with fs.open_output(path) as f:
+        pq.write_table(table, f, row_group_size=row_group_size, compression="zstd")
+    return entry_for(path, table.num_rows, int(sum(r["n_tokens"] for r in rows)))
+
+
+class ShardWriter:
+    """Stream tables of chunk rows into one shard file (committed whole on ``close``)."""
+
+    def __init__(self, path: str | os.PathLike[str], row_group_size: int = 64) -> None:
+        self.path = str(path)
+        self.row_group_size = row_group_size
+        self._out = fs.open_output(self.path)
+        self._writer = pq.ParquetWriter(self._out.__enter__(), SHARD_SCHEMA, compression="zstd")
+        self.rows = self.tokens = 0
+
+    def write_table(self, table: pa.Table) -> None:
+        table = table.cast(SHARD_SCHEMA) if table.schema != SHARD_SCHEMA else table
+        self._writer.write_table(table, row_group_size=self.row_group_size)
+        self.rows += table.num_rows
+        self.tokens += int(pc.sum(table["n_tokens"]).as_py() or 0)
+
+    def close(self) -> dict[str, Any]:
+        self._writer.close()
+        self._out.__exit__(None, None, None)
+        return entry_for(self.path, self.rows, self.tokens)
+
+
+def read_table(path: str | os.PathLike[str]) -> pa.Table:
+    """A whole shard file (or a per-document part in the same schema) as an Arrow table."""
+    with fs.open_input(path) as f:
+        return pq.read_table(f, schema=SHARD_SCHEMA)
+
+
+# --- finding shards ---------------------------------------------------------------------------------------------
+
+
+def shards_dir(out: str | os.PathLike[str]) -> str:
+    return fs.join(out, SHARDS_DIR)
+
+
+def list_shards(out: str | os.PathLike[str]) -> list[str]:
+    """The shard files of a build output directory ``OUT`` (local path or fsspec URL), in the manifest's order.
+
+    ``OUT`` is what ``scifolio build --out`` wrote: ``OUT/manifest.json`` and ``OUT/shards/``. Without a
+    manifest (a run still in progress, or shards copied by hand) the shard files under ``OUT/shards`` are
+    listed in name order. Anything else is an error that says what was expected."""
+    out = str(out).rstrip("/")
+    if fs.exists(fs.join(out, MANIFEST_NAME)):
+        manifest = Manifest.read(out)
+        return [fs.join(out, SHARDS_DIR, e.file) for e in manifest.shards]
+    found = [p for p in fs.glob(fs.join(out, SHARDS_DIR, "*.parquet")) if not os.path.basename(p).startswith(".")]
+    if found:
+        return found
+    hint = ""
+    if fs.glob(fs.join(out, "*.parquet")) or os.path.basename(out) == SHARDS_DIR:
+        hint = " (it looks like a shards folder itself: pass its parent, the folder given to `scifolio build --out`)"
+    raise FileNotFoundError(
+        f"{out} is not a build output directory: no {MANIFEST_NAME} and no {SHARDS_DIR}/*.parquet{hint}"
+    )
+
+
+def relative_name(path: str, out: str | os.PathLike[str]) -> str:
+    """``path`` relative to ``OUT/shards`` (how the index records where a crop lives)."""
+    base = shards_dir(out).rstrip("/")
+    path = str(path)
+    if path.startswith(base + "/") or path.startswith(base + os.sep):
+        return path[len(base) + 1 :]
+    return os.path.basename(path)
+
+
+# --- reading shards ----------------------------------------------------------------------------------------------
+
+# Cheap columns read with every part; the parts are the heavy, nested ones a reader asks for by name.
+_KEY_COLUMNS = ("chunk_id", "doc_id", "chunk_index", "n_tokens", "sample_weight")
+PARTS = ("segments", "images", "page_renders", "pages", "meta")
+
+
+class ShardFile:
+    """Typed, streaming reads of one shard file; only the columns a caller needs are decoded."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(path)
+
+    def _columns(self, parts: Sequence[str]) -> list[str]:
+        unknown = set(parts) - set(PARTS)
+        if unknown:
+            raise ValueError(f"unknown shard parts {sorted(unknown)}; choose from {PARTS}")
+        return [*_KEY_COLUMNS, *parts]
+
+    def iter_chunks(self, parts: Sequence[str] = PARTS, batch_size: int = 16) -> Iterator[ChunkRow]:
+        """Rows in file order as :class:`ChunkRow`; parts not asked for come back empty."""
+        with fs.open_input(self.path) as f:
+            pf = pq.ParquetFile(f)
+            for batch in pf.iter_batches(batch_size=batch_size, columns=self._columns(parts)):
+                for row in batch.to_pylist():
+                    yield ChunkRow.from_row(row)
+
+    def read_chunks(self, parts: Sequence[str] = PARTS) -> list[ChunkRow]:
+        return list(self.iter_chunks(parts, batch_size=64))
+
+    def sample_weights(self) -> tuple[list[str], list[float]]:
+        """(chunk ids, each row's own ``sample_weight``) in file order: the cheap columns only."""
+        with fs.open_input(self.path) as f:
+            t = pq.read_table(f, columns=["chunk_id", "sample_weight"])
+        own = [1.0 if w is None else float(w) for w in t.column("sample_weight").to_pylist()]
+        return t.column("chunk_id").to_pylist(), own
+
+    def doc_ids(self) -> set[str]:
+        with fs.open_input(self.path) as f:
+            t = pq.read_table(f, columns=["doc_id"])
+        return set(pc.unique(t.column("doc_id")).to_pylist())
+
+    def chunk(self, row: int, parts: Sequence[str] = PARTS) -> ChunkRow:
+        """One row by its position in the file (reads only the row group that holds it)."""
+        with fs.open_input(self.path) as f:
+            pf = pq.ParquetFile(f)
+            start = 0
+            for g in range(pf.num_row_groups):
+                n = pf.metadata.row_group(g).num_rows
+                if row < start + n:
+                    rec = pf.read_row_group(g, columns=self._columns(parts)).slice(row - start, 1).to_pylist()[0]
+                    return ChunkRow.from_row(rec)
+                start += n
+        raise IndexError(f"{self.path} has {start} rows, not {row + 1}")
+
+    @property
+    def num_rows(self) -> int:
+        with fs.open_input(self.path) as f:
+            return pq.ParquetFile(f).metadata.num_rows
+
+
+def iter_chunks(path: str | os.PathLike[str], parts: Sequence[str] = PARTS) -> Iterator[ChunkRow]:
+    return ShardFile(path).iter_chunks(parts)
