@@ -129,3 +129,40 @@ def check_coverage(weights: SampleWeights, all_chunk_ids: set[str], source: str 
     if found < len(listed):
         log.warning("%s: %d of %d listed chunk ids are not in the corpus", source, len(listed) - found, len(listed))
     return found
+
+
+DRAW_SCHEMA = pa.schema(
+    [("chunk_id", pa.string()), ("own", pa.float64()), ("listed", pa.float64()), ("draw", pa.float64())],
+    metadata={"scifolio.draw_weights": "1"},
+)
+
+
+@dataclass(frozen=True)
+class DrawWeights:
+    """The draw weight a training run used for every chunk: ``draw = own × listed`` (written by pre-training
+    beside its metrics, so what a run sampled by can be checked after the fact)."""
+
+    chunk_ids: Sequence[str]
+    own: Sequence[float]
+    listed: Sequence[float]
+
+    @property
+    def draw(self) -> list[float]:
+        return [float(o) * float(w) for o, w in zip(self.own, self.listed)]
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        table = pa.table(
+            {"chunk_id": list(self.chunk_ids), "own": list(self.own), "listed": list(self.listed), "draw": self.draw},
+            schema=DRAW_SCHEMA,
+        )
+        with fs.open_output(path) as f:
+            pq.write_table(table, f)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> DrawWeights:
+        with fs.open_input(path) as f:
+            t = pq.read_table(f)
+        return cls(t.column("chunk_id").to_pylist(), t.column("own").to_pylist(), t.column("listed").to_pylist())
+
+    def by_chunk(self) -> dict[str, float]:
+        return dict(zip(self.chunk_ids, self.draw))

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from formats.shards import ChunkRow, ShardFile, list_shards
-from formats.weights import SampleWeights, check_coverage
+from formats.weights import DrawWeights, SampleWeights, check_coverage
 from pretrain.config import DataConfig
 from pretrain.model import foreground_mask
 from pretrain.objective import IGNORE
@@ -50,9 +50,10 @@ class ShardIndex:
     weights: tuple[np.ndarray, ...]  # float64 per row, per file
 
     @classmethod
-    def open(cls, shards: str, weights_path: str | None = None) -> ShardIndex:
+    def open(cls, shards: str, weights_path: str | None = None, record: str | None = None) -> ShardIndex:
         """``shards``: a build output directory (``scifolio build --out``); ``weights_path``: a sample-weights
-        table (``scifolio index weights``), applied as ``formats.weights`` defines."""
+        table (``scifolio index weights``), applied as ``formats.weights`` defines. ``record``: write every
+        chunk's (own, listed, draw) weight there (parquet), the provenance of what a run trained on."""
         files = list_shards(shards)
         listed = SampleWeights.read(weights_path) if weights_path else None
         per_file = [ShardFile(path).sample_weights() for path in files]
@@ -65,6 +66,10 @@ class ShardIndex:
             if (w < 0).any() or not np.isfinite(w).all():
                 raise ValueError(f"{path}: sample weights must be finite and ≥ 0")
             weights.append(w)
+        if record:
+            ids = [c for file_ids, _ in per_file for c in file_ids]
+            own = [o for _, file_own in per_file for o in file_own]
+            DrawWeights(ids, own, [listed.chunks.get(c, 1.0) if listed else 1.0 for c in ids]).write(record)
         return cls(tuple(files), tuple(weights))
 
     def plan(self, seed: int, epoch: int) -> np.ndarray:
@@ -317,9 +322,16 @@ class _Readers(torch.utils.data.IterableDataset):
 class ShardLoader:
     """This rank's micro-batches; ``state_dict()`` is the cursor of every reader after the last batch taken."""
 
-    def __init__(self, cfg: DataConfig, rank: int = 0, world_size: int = 1, index: ShardIndex | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DataConfig,
+        rank: int = 0,
+        world_size: int = 1,
+        index: ShardIndex | None = None,
+        record_weights: str | None = None,
+    ) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.index = index or ShardIndex.open(cfg.shards, cfg.weights)
+        self.index = index or ShardIndex.open(cfg.shards, cfg.weights, record_weights)
         self.cursors: dict[int, dict[str, Any]] = {}
         self.batches = 0
         self._it: Iterator[dict[str, Any]] | None = None

@@ -48,7 +48,9 @@ def train(cfg: TrainConfig, resume: bool = False) -> list[dict[str, Any]]:
         lr_scheduler=schedule,
         config=deepspeed_config(cfg, world),
     )
-    loader = ShardLoader(cfg.data, rank, world)
+    # rank 0 records each chunk's draw weight (own × listed) beside the metrics: what this run sampled by
+    record = str(Path(cfg.out_dir) / "draw_weights.parquet") if rank == 0 else None
+    loader = ShardLoader(cfg.data, rank, world, record_weights=record)
     ckpt_dir = Path(cfg.out_dir) / "ckpt"
     step = 0
     if resume and (ckpt_dir / "latest").exists():
