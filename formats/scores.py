@@ -11,6 +11,7 @@ manifest summary) goes through this class instead of dict keys.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -24,11 +25,12 @@ class VisualGainScore:
 
     delta_h_nats: float
     """ΔH = ln PPL_text − ln PPL_interleaved, nats per text token (0 when the page has no text)."""
-    delta_h_bits: float
-    page_bits: float
-    """ΔH in bits × text tokens."""
-    n_text_tokens: int
-    n_images: int
+    delta_h_bits: float | None = None
+    """ΔH / ln 2 (derived from ``delta_h_nats`` when not given)."""
+    page_bits: float | None = None
+    """ΔH in bits × text tokens (derived when not given)."""
+    n_text_tokens: int = 0
+    n_images: int = 0
     ppl_text: float | None = None
     ppl_inter: float | None = None
     n_windows: int = 0
@@ -36,6 +38,12 @@ class VisualGainScore:
     threshold: float | None = None
     domain: str | None = None
     kept: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.delta_h_bits is None:
+            object.__setattr__(self, "delta_h_bits", self.delta_h_nats / math.log(2))
+        if self.page_bits is None:
+            object.__setattr__(self, "page_bits", self.delta_h_bits * self.n_text_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -44,7 +44,7 @@ def page_bits(delta_h_bits: float, n_tokens: int) -> float:
 
 @dataclass(frozen=True)
 class VisualGain:
-    """The visual-gain numbers of one page, as written to ``page.scores["visual_gain"]``."""
+    """The visual-gain numbers of one page (stored on the page as ``formats.scores.VisualGainScore``)."""
 
     ppl_text: float
     ppl_inter: float

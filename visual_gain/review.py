@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from formats.records import Page
+from formats.scores import VisualGainScore
 
 from .thresholds import FitResult, Thresholds, fit_threshold, page_domain, page_text
 
@@ -48,7 +49,7 @@ class ReviewConfig:
 
 # -- scored page files ---------------------------------------------------------------------------
 def write_scored_pages(pages: Iterable[Page], path: str | Path) -> Path:
-    """Pages (with ``scores["visual_gain"]``) as one parquet file of ``Page.to_row()`` rows."""
+    """Pages (carrying a ``VisualGainScore``) as one parquet file of ``Page.to_row()`` rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -85,11 +86,11 @@ def select_for_review(
     """
     by_domain: dict[str, list[tuple[float, Page]]] = defaultdict(list)
     for p in pages:
-        vg = p.scores["visual_gain"]
-        if vg["n_images"] == 0 or vg["n_text_tokens"] == 0:
+        vg = VisualGainScore.of(p)
+        if vg is None or vg.n_images == 0 or vg.n_text_tokens == 0:
             continue
-        dom = vg.get("domain") or page_domain(p)
-        by_domain[dom].append((float(vg["delta_h_nats"]) - thresholds.threshold_for(dom), p))
+        dom = vg.domain or page_domain(p)
+        by_domain[dom].append((vg.delta_h_nats - thresholds.threshold_for(dom), p))
     half = max(1, config.n_strata // 2)
     out: dict[str, list[Page]] = {}
     for dom, items in sorted(by_domain.items()):
@@ -114,18 +115,7 @@ def select_for_review(
                     picked.append(band.pop(0))
         picked.sort(key=lambda x: x[0])
         out[dom] = [
-            replace(
-                p,
-                scores={
-                    **p.scores,
-                    "visual_gain": {
-                        **p.scores["visual_gain"],
-                        "domain": dom,
-                        "threshold": thresholds.threshold_for(dom),
-                    },
-                },
-            )
-            for _, p in picked
+            replace(VisualGainScore.of(p), domain=dom, threshold=thresholds.threshold_for(dom)).on(p) for _, p in picked
         ]
     return out
 
@@ -136,7 +126,7 @@ def _data_uri(png: bytes) -> str:
 
 
 def review_item(page: Page) -> dict[str, Any]:
-    vg = page.scores["visual_gain"]
+    vg = VisualGainScore.of(page).to_dict()
     return {
         "page_id": page.page_id,
         "source": page.source,
@@ -145,7 +135,7 @@ def review_item(page: Page) -> dict[str, Any]:
         "threshold": vg["threshold"],
         "delta_h_nats": vg["delta_h_nats"],
         "scores": {
-            k: vg.get(k)
+            k: vg[k]
             for k in (
                 "ppl_text",
                 "ppl_inter",

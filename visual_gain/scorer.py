@@ -10,17 +10,18 @@ images, and pages without visuals, reuse the text pass instead of running the mo
 
     scorer = VisualGainScorer(VisualGainConfig(model="Qwen/Qwen2-VL-2B-Instruct"))
     model = scorer.load()
-    pages = scorer.run_batch(pages, model)   # page.scores["visual_gain"]["delta_h_nats"], ...
+    pages = scorer.run_batch(pages, model)   # VisualGainScore.of(page).delta_h_nats, ...
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from formats.records import Page
+from formats.scores import VisualGainScore
 
 from .adapters import ImageInput, VLMAdapter, adapter_for
 from .perplexity import VisualGain
@@ -178,7 +179,7 @@ def plan_batches(rows: Sequence[ScoringRow], batch_size: int, max_batch_tokens: 
 
 
 class VisualGainScorer:
-    """``load() -> LoadedVLM``; ``run_batch(pages, model) -> pages`` with ``scores["visual_gain"]``."""
+    """``load() -> LoadedVLM``; ``run_batch(pages, model) -> pages`` carrying a ``VisualGainScore``."""
 
     def __init__(self, config: VisualGainConfig) -> None:
         self.config = config
@@ -272,29 +273,17 @@ class VisualGainScorer:
         sums: list[dict[tuple[int, bool], float]] = [{} for _ in pages]
         for r, v in zip(rows, nlls):
             sums[r.page][(r.window, r.interleaved)] = math.fsum(v)
-        result = []
-        for i, (page, pr) in enumerate(zip(pages, page_rows)):
-            scores = self._page_scores(pr, sums[i])
-            scores["model"] = model.name
-            result.append(replace(page, scores={**page.scores, "visual_gain": scores}))
-        return result
+        return [
+            self._page_score(pr, sums[i], model.name).on(page) for i, (page, pr) in enumerate(zip(pages, page_rows))
+        ]
 
     @staticmethod
-    def _page_scores(pr: PageRows, sums: dict[tuple[int, bool], float]) -> dict[str, Any]:
+    def _page_score(pr: PageRows, sums: dict[tuple[int, bool], float], model: str) -> VisualGainScore:
         if pr.n_text_tokens == 0:
             # nothing to measure the visuals against: the gain is undefined, recorded as 0 with no PPL
-            return {
-                "ppl_text": None,
-                "ppl_inter": None,
-                "delta_h_nats": 0.0,
-                "delta_h_bits": 0.0,
-                "page_bits": 0.0,
-                "n_text_tokens": 0,
-                "n_images": pr.n_images,
-                "n_windows": 0,
-            }
+            return VisualGainScore(0.0, 0.0, 0.0, 0, pr.n_images, model=model)
         text = math.fsum(sums[(w, False)] for w in range(pr.n_windows))
         # a window without images has the same input in both passes: its text NLL is its interleaved NLL
         inter = math.fsum(sums.get((w, True), sums[(w, False)]) for w in range(pr.n_windows))
         gain = VisualGain.from_sums(text, inter, pr.n_text_tokens, pr.n_images)
-        return {**gain.to_dict(), "n_windows": pr.n_windows}
+        return VisualGainScore.from_dict({**gain.to_dict(), "n_windows": pr.n_windows, "model": model})

@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from formats.records import Dropped, Page
+from formats.scores import VisualGainScore
 
 DOMAINS: tuple[str, ...] = ("life_sciences", "chemistry", "materials_science", "default")
 DEFAULT_PATH = Path(__file__).with_name("thresholds.json")
@@ -243,32 +244,16 @@ class Thresholds:
 
     def decide(self, page: Page, domain: str) -> Page | Dropped:
         """Keep (the page, with threshold/domain/kept recorded) or a ``Dropped`` carrying the numbers."""
-        vg = page.scores.get("visual_gain")
+        vg = VisualGainScore.of(page)
         if vg is None:
             raise ValueError(f"page {page.page_id} has no visual_gain scores; run the scorer first")
         t = self.threshold_for(domain)
-        dh = float(vg["delta_h_nats"])
-        if vg["n_images"] == 0:
+        if vg.n_images == 0:
             kept, reason = self.keep_text_only, "no_visuals"
-        elif vg["n_text_tokens"] == 0:
+        elif vg.n_text_tokens == 0:
             kept, reason = False, "no_text"  # ΔH is undefined without text; never counts as a gain
         else:
-            kept, reason = dh >= t, "below_threshold"
+            kept, reason = vg.delta_h_nats >= t, "below_threshold"
         if not kept:
-            detail = {
-                k: vg.get(k)
-                for k in (
-                    "delta_h_nats",
-                    "delta_h_bits",
-                    "page_bits",
-                    "ppl_text",
-                    "ppl_inter",
-                    "n_text_tokens",
-                    "n_images",
-                    "model",
-                )
-            }
-            return Dropped(page.page_id, STAGE, reason, {**detail, "threshold": t, "domain": domain})
-        return replace(
-            page, scores={**page.scores, "visual_gain": {**vg, "threshold": t, "domain": domain, "kept": True}}
-        )
+            return Dropped(page.page_id, STAGE, reason, vg.decided(t, domain, False).to_dict())
+        return vg.decided(t, domain, True).on(page)
