@@ -49,7 +49,7 @@ PageFilter = Callable[[Document, Sequence[Page]], tuple[list[Page], list[Dropped
 class BuildConfig:
     """Everything that determines the job's output; its hash keys resumption."""
 
-    tokenizer: str
+    tokenizer: str = "Qwen/Qwen2.5-VL-7B-Instruct"
     """Hugging Face tokenizer name or local path (fast tokenizer; offsets are needed to split text)."""
     max_tokens: int = DEFAULT_MAX_TOKENS
     """Chunk cap C in tokens, image tokens included."""

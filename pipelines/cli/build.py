@@ -6,15 +6,16 @@ scifolio build ../shared/samples --out out/ --tokenizer tiny/tokenizer
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
+from pipelines.cli.options import add_set, apply_sets, default
 from pipelines.cli.parse import _add_parse_options, _parse_config
 
 
 def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.assembly.build import BuildConfig
-    from pipelines.assembly.chunk import DEFAULT_MAX_TOKENS
     from pipelines.assembly.interleave import ImageTokenRule
     from pipelines.jobs.corpus import run
     from pipelines.jobs.stages import visual_gain_config
@@ -24,15 +25,20 @@ def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
             f"error: --overlap ({args.overlap}) must be smaller than --max-tokens ({args.max_tokens})", file=sys.stderr
         )
         return 2
-    config = BuildConfig(
-        tokenizer=args.tokenizer,
-        max_tokens=args.max_tokens,
-        overlap=args.overlap,
-        image_tokens=ImageTokenRule(max_tokens=min(args.max_image_tokens, args.max_tokens or DEFAULT_MAX_TOKENS)),
-        docs_per_shard=args.docs_per_shard,
-        parse=_parse_config(args, args.page_render_dpi if args.page_renders else None),
-        visual_gain=visual_gain_config(args),
-    )
+    try:
+        config = BuildConfig(
+            tokenizer=args.tokenizer,
+            max_tokens=args.max_tokens,
+            overlap=args.overlap,
+            image_tokens=ImageTokenRule(max_tokens=min(args.max_image_tokens, args.max_tokens)),
+            docs_per_shard=args.docs_per_shard,
+            parse=_parse_config(args, args.page_render_dpi if args.page_renders else None),
+            visual_gain=visual_gain_config(args),
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    config = apply_sets(config, args.set)
     if not any(a.startswith("--direct_num_workers") for a in beam_args) and not any(
         a.startswith("--runner") for a in beam_args
     ):
@@ -60,6 +66,11 @@ def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from pipelines.assembly.build import BuildConfig
+    from pipelines.assembly.interleave import ImageTokenRule
+    from visual_gain.scorer import VisualGainConfig
+
+    d = functools.partial(default, BuildConfig)
     b = sub.add_parser(
         "build",
         help="the corpus job: PDFs → parsed pages → crops → interleaved chunks → shards (Apache Beam)",
@@ -72,13 +83,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--out", required=True, help="output directory (shards/, quarantine/, manifest.json)")
     b.add_argument(
         "--tokenizer",
-        default="Qwen/Qwen2.5-VL-7B-Instruct",
-        help="Hugging Face tokenizer name or local path (default: Qwen/Qwen2.5-VL-7B-Instruct)",
+        default=d("tokenizer"),
+        help=f"Hugging Face tokenizer name or local path (default: {d('tokenizer')})",
     )
-    b.add_argument("--max-tokens", type=int, default=262_144, help="chunk cap C in tokens (default: 262144)")
-    b.add_argument("--overlap", type=int, default=512, help="tokens shared by consecutive chunks (default: 512)")
-    b.add_argument("--max-image-tokens", type=int, default=16384, help="token cap per image (default: 16384)")
-    b.add_argument("--docs-per-shard", type=int, default=256, help="target documents per shard file")
+    b.add_argument(
+        "--max-tokens", type=int, default=d("max_tokens"), help=f"chunk cap C in tokens (default: {d('max_tokens')})"
+    )
+    b.add_argument(
+        "--overlap",
+        type=int,
+        default=d("overlap"),
+        help=f"tokens shared by consecutive chunks (default: {d('overlap')})",
+    )
+    max_img = default(ImageTokenRule, "max_tokens")
+    b.add_argument("--max-image-tokens", type=int, default=max_img, help=f"token cap per image (default: {max_img})")
+    b.add_argument(
+        "--docs-per-shard",
+        type=int,
+        default=d("docs_per_shard"),
+        help=f"target documents per shard file (default: {d('docs_per_shard')})",
+    )
     b.add_argument(
         "--page-renders",
         action="store_true",
@@ -96,5 +120,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     vg.add_argument("--no-visual-gain", action="store_true", help="disable visual-gain scoring")
     vg.add_argument("--thresholds", default=None, help="per-domain thresholds file (from `scifolio review fit`)")
-    vg.add_argument("--visual-gain-batch", type=int, default=8, help="pages per model batch")
+    vg_batch = default(VisualGainConfig, "batch_size")
+    vg.add_argument(
+        "--visual-gain-batch", type=int, default=vg_batch, help=f"pages per model batch (default: {vg_batch})"
+    )
+    add_set(b, "parse.page_window=32, image_tokens.patch=14 or docs_per_shard=64")
     b.set_defaults(func=cmd_build, beam=True)

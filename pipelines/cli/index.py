@@ -12,31 +12,39 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+
+from pipelines.cli.options import add_set, apply_sets, default
 
 SHARDS_HELP = "build output directory (what `scifolio build --out` wrote: manifest.json + shards/)"
 
 
 def _index_args(p: argparse.ArgumentParser, build: bool = False) -> None:
+    from retrieval.index import IndexConfig
+
+    d = functools.partial(default, IndexConfig)
     g = p.add_argument_group("index")
     g.add_argument(
         "--uri",
-        default="./index.db",
-        help="Milvus Lite file (default ./index.db) or server URI, e.g. http://127.0.0.1:19530",
+        default=d("uri"),
+        help=f"Milvus Lite file (default {d('uri')}) or server URI, e.g. http://127.0.0.1:19530",
     )
-    g.add_argument("--name", default="crops", help="collection prefix (collections <name>_s00…)")
+    g.add_argument(
+        "--name", default=d("name"), help=f"collection prefix (collections <name>_s00…; default {d('name')})"
+    )
     g.add_argument(
         "--collections",
         type=int,
-        default=4 if build else None,
-        help="number of shard collections" + (" (default 4)" if build else " (default: discovered)"),
+        default=d("n_shards") if build else None,
+        help="number of shard collections" + (f" (default {d('n_shards')})" if build else " (default: discovered)"),
     )
     g.add_argument("--token", default="", help="auth token for a secured Milvus server")
     if build:
         g.add_argument(
             "--index-type",
-            default="HNSW",
+            default=d("index_type"),
             help="HNSW (default), IVF_SQ8, IVF_FLAT, FLAT, AUTOINDEX; IVF_PQ/DISKANN on a cluster",
         )
         g.add_argument("--index-params", default=None, help="JSON build params, e.g. '{\"M\": 32}'")
@@ -65,10 +73,11 @@ def _index_config(args: argparse.Namespace, build: bool = False):
     return IndexConfig(uri=args.uri, name=args.name, n_shards=n, token=args.token, **kw)
 
 
-def _searcher(args: argparse.Namespace):
+def _searcher(args: argparse.Namespace, sets: list[str] = ()):
     from retrieval.index import ShardedIndex
     from retrieval.search import SearchConfig, load_searcher
 
+    search = apply_sets(SearchConfig(candidates=max(default(SearchConfig, "candidates"), getattr(args, "k", 10))), sets)
     index = ShardedIndex(_index_config(args))
     return load_searcher(
         index,
@@ -76,12 +85,13 @@ def _searcher(args: argparse.Namespace):
         getattr(args, "captioner", None),
         getattr(args, "reranker", None),
         args.device,
-        SearchConfig(candidates=max(50, getattr(args, "k", 10))),
+        search,
     )
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from pipelines.jobs.index import BulkRefused, IndexJobConfig, run
+    from pipelines.jobs.index import BulkRefused, run
+    from pipelines.jobs.index_config import IndexJobConfig
 
     cfg = IndexJobConfig(
         out=args.shards,
@@ -94,6 +104,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         device=args.device,
         bulk_dir=args.bulk_dir,
     )
+    cfg = apply_sets(cfg, args.set)
     beam_args = ["--runner", args.runner, *getattr(args, "beam_args", [])]
     try:
         totals = run(cfg, beam_args)
@@ -108,7 +119,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     if (args.text is None) == (args.image is None):
         print("give a query text or --image PATH (not both)", file=sys.stderr)
         return 2
-    searcher = _searcher(args)
+    searcher = _searcher(args, args.set)
     try:
         if args.image:
             with open(args.image, "rb") as f:
@@ -134,16 +145,12 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from retrieval.service import ServeConfig, serve
 
-    searcher = _searcher(args)
-    serve(
-        searcher,
-        ServeConfig(
-            host=args.host,
-            port=args.port,
-            shards=args.shards,
-            max_upload_bytes=args.max_upload_mb * 1024 * 1024,
-        ),
+    cfg = apply_sets(
+        ServeConfig(host=args.host, port=args.port, shards=args.shards, max_upload_bytes=args.max_upload_mb * 2**20),
+        args.set,
     )
+    searcher = _searcher(args)
+    serve(searcher, cfg)
     return 0
 
 
@@ -169,7 +176,11 @@ def cmd_weights(args: argparse.Namespace) -> int:
     if any(kind == "image" for kind, _ in queries) and not args.captioner:
         print("image queries need --captioner", file=sys.stderr)
         return 2
-    cfg = WeightConfig(min_score=args.min_score, max_weight=args.max_weight, k=args.k)
+    try:
+        cfg = apply_sets(WeightConfig(min_score=args.min_score, max_weight=args.max_weight, k=args.k), args.set)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     searcher = _searcher(args)
     try:
         scores = collect_scores(searcher, queries, cfg)
@@ -195,6 +206,10 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``index`` with its build/query/serve/weights subcommands to the ``scifolio`` parser."""
+    from retrieval.search import SearchConfig
+    from retrieval.service import ServeConfig
+    from retrieval.weights import WeightConfig
+
     idx = subparsers.add_parser(
         "index",
         help="image index: build, query, serve, sample weights",
@@ -215,7 +230,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _index_args(b, build=True)
     _model_args(b, captioner=False, reranker=False)
     b.add_argument("--caption-model", default=None, help="also store a generated caption per crop (slower)")
-    b.add_argument("--batch-size", type=int, default=32, help="crops per embedding batch (default 32)")
+    from pipelines.jobs.index_config import IndexJobConfig
+
+    batch = default(IndexJobConfig, "batch_size")
+    b.add_argument("--batch-size", type=int, default=batch, help=f"crops per embedding batch (default {batch})")
     b.add_argument("--state-dir", default=None, help="done markers (default OUT/_index_state/NAME)")
     b.add_argument("--no-skip-existing", action="store_true", help="re-embed crops already in the index")
     b.add_argument(
@@ -231,25 +249,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "staged in DIR and imports old and new files together. DIR is kept; delete it once imported.",
     )
     b.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner; never Prism)")
+    add_set(b, "skip_existing=False or index.metric=L2")
     b.set_defaults(func=cmd_build)
 
     q = sub.add_parser("query", help="text or image query; prints ranked crops with provenance")
     q.add_argument("text", nargs="?", default=None, help="query text")
     q.add_argument("--image", default=None, help="query image path (captioned, then image+caption vectors)")
-    q.add_argument("--k", type=int, default=10, help="results (default 10)")
+    k = default(SearchConfig, "k")
+    q.add_argument("--k", type=int, default=k, help=f"results (default {k})")
     q.add_argument("--rerank", action="store_true", help="rerank with --reranker and store quality scores")
     q.add_argument("--json", action="store_true", help="print JSON")
     _index_args(q)
     _model_args(q)
+    add_set(q, "candidates=200")
     q.set_defaults(func=cmd_query)
 
     s = sub.add_parser("serve", help="HTTP API + search page (127.0.0.1 by default)")
-    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    host, port = default(ServeConfig, "host"), default(ServeConfig, "port")
+    s.add_argument("--host", default=host, help=f"bind address (default {host})")
+    s.add_argument("--port", type=int, default=port, help=f"port (default {port})")
     s.add_argument("--shards", default=None, metavar="OUT", help=SHARDS_HELP + "; thumbnails are read from it")
-    s.add_argument("--max-upload-mb", type=int, default=5, help="largest accepted upload (default 5 MB)")
+    mb = default(ServeConfig, "max_upload_bytes") // 2**20
+    s.add_argument("--max-upload-mb", type=int, default=mb, help=f"largest accepted upload (default {mb} MB)")
     _index_args(s)
     _model_args(s)
+    add_set(s, "max_k=50")
     s.set_defaults(func=cmd_serve)
 
     w = sub.add_parser(
@@ -263,9 +287,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w.add_argument("--queries", required=True, help="file with one query per line")
     w.add_argument("--out", required=True, help="output sample-weights table (formats/weights.py)")
     w.add_argument("--shards", required=True, metavar="OUT", help=SHARDS_HELP + " whose chunks get weights")
-    w.add_argument("--min-score", type=float, default=0.5, help="quality threshold (default 0.5)")
-    w.add_argument("--max-weight", type=float, default=3.0, help="weight at score 1.0 (default 3.0)")
-    w.add_argument("--k", type=int, default=50, help="hits reranked per query (default 50)")
+    wd = functools.partial(default, WeightConfig)
+    w.add_argument(
+        "--min-score", type=float, default=wd("min_score"), help=f"quality threshold (default {wd('min_score')})"
+    )
+    w.add_argument(
+        "--max-weight", type=float, default=wd("max_weight"), help=f"weight at score 1.0 (default {wd('max_weight')})"
+    )
+    w.add_argument("--k", type=int, default=wd("k"), help=f"hits reranked per query (default {wd('k')})")
     _index_args(w)
     _model_args(w)
+    add_set(w, "k=100")
     w.set_defaults(func=cmd_weights)

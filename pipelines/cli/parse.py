@@ -6,39 +6,55 @@ scifolio parse ../shared/samples --out parsed/
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
+from pipelines.cli.options import add_set, apply_sets, default
+
 
 def _add_parse_options(p: argparse.ArgumentParser) -> None:
+    from parsing.config import ParseConfig
+
+    d = functools.partial(default, ParseConfig)
     g = p.add_argument_group("parsing")
     g.add_argument(
         "--backend",
         choices=["mineru", "pymupdf"],
-        default="mineru",
-        help="layout backend (default: mineru; scanned pages fall back to rapid-layout + RapidOCR)",
+        default=d("backend"),
+        help=f"layout backend (default: {d('backend')}; scanned pages fall back to rapid-layout + RapidOCR)",
     )
     g.add_argument(
         "--tier",
-        default="flash",
+        default=d("tier"),
         choices=["flash", "basic", "standard"],
         help="MinerU tier (flash runs offline; basic/standard need MinerU's models)",
     )
-    g.add_argument("--dpi", type=int, default=200, help="crop render DPI (default: 200)")
+    g.add_argument("--dpi", type=int, default=d("dpi"), help=f"crop render DPI (default: {d('dpi')})")
     g.add_argument("--no-ocr", action="store_true", help="do not OCR pages that have no text layer")
-    g.add_argument("--page-timeout", type=float, default=60.0, help="seconds per page before it is quarantined")
-    g.add_argument("--doc-timeout", type=float, default=600.0, help="seconds per document before it is quarantined")
+    g.add_argument(
+        "--page-timeout",
+        type=float,
+        default=d("page_timeout_s"),
+        help=f"seconds per page before it is quarantined (default: {d('page_timeout_s')})",
+    )
+    g.add_argument(
+        "--doc-timeout",
+        type=float,
+        default=d("doc_timeout_s"),
+        help=f"seconds per document before it is quarantined (default: {d('doc_timeout_s')})",
+    )
     g.add_argument(
         "--backend-lanes",
         type=int,
-        default=1,
-        help="extra parser processes per parse worker for the windows of long documents (default 1; 0 = one "
-        "process). The local default of Beam workers is cores / (1 + lanes)",
+        default=d("backend_lanes"),
+        help=f"extra parser processes per parse worker for the windows of long documents (default "
+        f"{d('backend_lanes')}; 0 = one process). The local default of Beam workers is cores / (1 + lanes)",
     )
 
 
 def _parse_config(args: argparse.Namespace, page_render_dpi: int | None = None):
-    from parsing import ParseConfig
+    from parsing.config import ParseConfig
 
     try:
         return ParseConfig(
@@ -59,7 +75,8 @@ def _parse_config(args: argparse.Namespace, page_render_dpi: int | None = None):
 def cmd_parse(args: argparse.Namespace) -> int:
     from pipelines.jobs.parse_view import run_parse
 
-    summary = run_parse(args.inputs, Path(args.out), _parse_config(args), save_crops=not args.no_crops)
+    config = apply_sets(_parse_config(args), args.set)
+    summary = run_parse(args.inputs, Path(args.out), config, save_crops=not args.no_crops)
     print(
         f"blocks: {summary['blocks']}  pages: {summary['pages']}  documents: {summary['documents']}  "
         f"quarantined: {summary['dropped']}  → {Path(args.out) / 'blocks.parquet'}"
@@ -78,4 +95,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     pa_.add_argument("--out", required=True)
     pa_.add_argument("--no-crops", action="store_true", help="do not write crop PNGs")
     _add_parse_options(pa_)
+    add_set(pa_, "page_window=32 or limits.max_pages=500")
     pa_.set_defaults(func=cmd_parse)

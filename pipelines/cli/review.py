@@ -7,10 +7,16 @@ scifolio review fit review/decisions-*.json --out thresholds.json
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
+
+from pipelines.cli.options import add_set, apply_sets, default
 
 
 def register(subparsers: Any) -> None:
+    from visual_gain.review import ReviewConfig
+
+    d = functools.partial(default, ReviewConfig)
     review = subparsers.add_parser(
         "review",
         help="export pages near the visual-gain threshold for review; fit thresholds to decisions",
@@ -28,10 +34,17 @@ def register(subparsers: Any) -> None:
     ex.add_argument("dir", help="build output (or any folder/parquet file) holding scored page rows")
     ex.add_argument("--out", required=True, help="folder for batch-NNN.html and index.json")
     ex.add_argument("--thresholds", default=None, help="thresholds JSON (default: the packaged defaults)")
-    ex.add_argument("--per-domain", type=int, default=40, help="pages per domain (default 40)")
-    ex.add_argument("--batch-size", type=int, default=20, help="pages per HTML file (default 20)")
-    ex.add_argument("--strata", type=int, default=4, help="ΔH bands around the threshold (default 4)")
-    ex.add_argument("--margin", type=float, default=None, help="band half-width in nats (default: adaptive)")
+    ex.add_argument(
+        "--per-domain", type=int, default=d("per_domain"), help=f"pages per domain (default {d('per_domain')})"
+    )
+    ex.add_argument(
+        "--batch-size", type=int, default=d("batch_size"), help=f"pages per HTML file (default {d('batch_size')})"
+    )
+    ex.add_argument(
+        "--strata", type=int, default=d("n_strata"), help=f"ΔH bands around the threshold (default {d('n_strata')})"
+    )
+    ex.add_argument("--margin", type=float, default=d("margin"), help="band half-width in nats (default: adaptive)")
+    add_set(ex, "per_domain=80")
     ex.set_defaults(func=_export)
 
     fit = sub.add_parser(
@@ -55,6 +68,7 @@ def _export(args: argparse.Namespace) -> int:
         print(f"no pages with visual-gain scores under {args.dir}")
         return 1
     cfg = ReviewConfig(per_domain=args.per_domain, n_strata=args.strata, margin=args.margin, batch_size=args.batch_size)
+    cfg = apply_sets(cfg, args.set)
     paths = export_review(pages, args.out, Thresholds.load(args.thresholds), cfg)
     print(f"{len(pages)} scored pages → {len(paths)} review batch(es) in {args.out}")
     for p in paths:
