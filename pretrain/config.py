@@ -153,7 +153,7 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
     }
 
 
-def debug(shards: str = "out/shards", models: str = "tiny", **overrides: Any) -> TrainConfig:
+def debug(shards: str = "out", models: str = "tiny", **overrides: Any) -> TrainConfig:
     """2 layers, d=64 (the models ``write_tiny_pretrain`` writes): what tests and smoke runs use."""
     models_dir = Path(models)
     cfg = TrainConfig(
@@ -165,7 +165,7 @@ def debug(shards: str = "out/shards", models: str = "tiny", **overrides: Any) ->
     return _replace(cfg, overrides)
 
 
-def small(shards: str = "out/shards", models: str = "tiny", **overrides: Any) -> TrainConfig:
+def small(shards: str = "out", models: str = "tiny", **overrides: Any) -> TrainConfig:
     """A laptop-sized real run: pass real model names/paths through ``backbone=``/``encoder=`` overrides."""
     cfg = debug(shards, models)
     cfg = TrainConfig(

@@ -1,6 +1,6 @@
 """The pre-training loop: DeepSpeed engine over packed shard batches, L = λ_text·L_text + λ_vis·L_VP.
 
-    scifolio pretrain --config debug --shards out/shards --models tiny --max-steps 50      # via the deepspeed launcher
+    scifolio pretrain --config debug --shards out --models tiny --max-steps 50      # via the deepspeed launcher
     DS_ACCELERATOR=cpu deepspeed --num_gpus 2 --no_local_rank --module pretrain.train --config debug --shards DIR
     python -m pretrain.train --config debug --shards DIR        # one process; sets RANK/WORLD_SIZE/... itself
 

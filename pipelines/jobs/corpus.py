@@ -219,13 +219,13 @@ class _Parsed:
 
 
 class WriteShard(beam.DoFn):
-    def __init__(self, work_root: str, shards_dir: str):
+    def __init__(self, work_root: str, out_dir: str):
         self.work_root = work_root
-        self.shards_dir = shards_dir
+        self.out_dir = out_dir
 
     def process(self, element: tuple[tuple[int, int], Iterable[str]]) -> Iterable[dict[str, Any]]:
         (index, n_shards), doc_ids = element
-        entry = write_shard_from_docs(WorkStore(self.work_root), Path(self.shards_dir), index, n_shards, doc_ids)
+        entry = write_shard_from_docs(WorkStore(self.work_root), self.out_dir, index, n_shards, doc_ids)
         Metrics.counter(NAMESPACE, "shards").inc()
         yield entry
 
