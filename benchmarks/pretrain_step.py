@@ -33,17 +33,16 @@ def main() -> int:
     import deepspeed
     import torch
 
-    from pipelines.tiny import write_tiny_tokenizer
+    from pipelines.tiny import write_area, write_tiny_tokenizer
     from pretrain.config import debug, deepspeed_config
     from pretrain.data import Packer, ShardIndex, model_inputs
     from pretrain.model import VisualPretrainModel
-    from pretrain.tiny import write_tiny_pretrain
     from tests.pretrain.fixtures import write_corpus
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-pretrain-"))
-    write_tiny_pretrain(tmp / "tiny", write_tiny_tokenizer(tmp / "tiny" / "tokenizer"))
-    write_corpus(tmp / "shards", n_docs=16, n_shards=1, vocab=700)
-    cfg = debug(shards=str(tmp / "shards"), models=str(tmp / "tiny"), zero_stage=args.zero_stage)
+    write_area(tmp / "tiny", "pretrain", write_tiny_tokenizer(tmp / "tiny" / "tokenizer"))
+    write_corpus(tmp / "out", n_docs=16, n_shards=1, vocab=700)
+    cfg = debug(shards=str(tmp / "out"), models=str(tmp / "tiny"), zero_stage=args.zero_stage)
     packer = Packer(cfg.data, ShardIndex.open(cfg.data.shards), 0, 1)
     batches = [model_inputs(packer.next_batch()) for _ in range(8)]
 

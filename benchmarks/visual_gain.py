@@ -26,9 +26,10 @@ def make_pages(n: int, seed: int = 0) -> list:
     from PIL import Image, ImageDraw
 
     from formats.records import Block, Crop, Page
-    from visual_gain.tiny import _WORDS
+    from visual_gain.tiny import corpus
 
     rng = random.Random(seed)
+    words = " ".join(corpus()).replace(".", "").split()
     pages = []
     for i in range(n):
         blocks = []
@@ -43,7 +44,7 @@ def make_pages(n: int, seed: int = 0) -> list:
                 im.save(buf, "PNG")
                 blocks.append(Block("figure", bbox, "", j, crop=Crop.from_png(buf.getvalue(), w, h, 144)))
             else:
-                text = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(30, 120)))
+                text = " ".join(rng.choice(words) for _ in range(rng.randint(30, 120)))
                 blocks.append(Block("text", bbox, text, j))
         pages.append(Page(f"bench{i}", 0, 612.0, 792.0, tuple(blocks), "bench"))
     return pages
@@ -62,12 +63,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from pipelines.tiny import TinyKit, write_models
     from visual_gain.scorer import VisualGainConfig, VisualGainScorer
-    from visual_gain.tiny import write_tiny_qwen2_vl
+    from visual_gain.tiny import qwen2_vl
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     with tempfile.TemporaryDirectory() as tmp:
-        path = args.model or str(write_tiny_qwen2_vl(Path(tmp) / "vlm", hidden_size=args.hidden, layers=args.layers))
+        build = ("vlm", lambda: qwen2_vl(TinyKit(), hidden_size=args.hidden, layers=args.layers))
+        path = args.model or write_models(Path(tmp), {"vlm": build})["vlm"]
         cfg = VisualGainConfig(model=path, batch_size=args.batch_size, max_image_pixels=args.max_image_pixels)
         scorer = VisualGainScorer(cfg)
         model = scorer.load()

@@ -1,13 +1,21 @@
-"""Small offline stand-ins for smoke runs: ``scifolio models tiny DIR``.
+"""The one tiny-model writer: ``scifolio models tiny DIR``.
 
-Nothing here is downloaded. The tokenizer is a byte-level BPE trained locally on a built-in scientific
-text sample (so every byte sequence tokenises), saved in the Hugging Face format so the same
-``AutoTokenizer.from_pretrained(path)`` code that loads a real hub tokenizer loads it.
+Nothing here is downloaded. Each area's ``tiny.py`` only *describes* its models (``tiny_models(kit)``: name →
+(subdir, builder from configs)); this module seeds, builds and saves them with ``save_pretrained``, so every
+model loads through the same ``from_pretrained(path)`` code a real hub checkpoint goes through. The corpus
+tokenizer is a byte-level BPE trained locally on a built-in scientific sample (every byte sequence tokenises).
+
+    scifolio models tiny tiny/
+    python -c "from pipelines.tiny import write_area; print(write_area('tiny', 'retrieval'))"
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+CORPUS_SPECIALS = ("<|endoftext|>", "<|pad|>", "<|image|>")
 
 _CORPUS = """
 Abstract. We report the synthesis and characterisation of a layered perovskite oxide whose band gap
@@ -26,26 +34,100 @@ Geology: the sandstone reservoir has porosity 18% and permeability 120 mD at 2,4
 """
 
 
-def write_tiny_tokenizer(out_dir: Path, vocab_size: int = 1024) -> Path:
-    """Train a byte-level BPE on the built-in sample and save it loadable by ``AutoTokenizer``."""
+def bpe_tokenizer(
+    specials: Sequence[str] = CORPUS_SPECIALS,
+    vocab_size: int = 1024,
+    lines: Sequence[str] | None = None,
+    pad: str | None = "<|pad|>",
+) -> Any:
+    """A byte-level BPE tokenizer (every byte sequence encodes) trained on ``lines`` (default: the built-in
+    scientific sample), ``specials`` kept whole; the first special is bos/eos."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|pad|>", "<|image|>"]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=specials,
+        special_tokens=list(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator([line for line in _CORPUS.splitlines() if line.strip()] * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>", bos_token="<|endoftext|>"
+    corpus = lines if lines is not None else [line for line in _CORPUS.splitlines() if line.strip()] * 4
+    tok.train_from_iterator(corpus, trainer=trainer)
+    eos = specials[0]
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=eos, bos_token=eos, pad_token=pad if pad in specials else eos
     )
-    fast.save_pretrained(out_dir)
+
+
+def write_tiny_tokenizer(out_dir: Path, vocab_size: int = 1024) -> Path:
+    """The corpus job's tiny tokenizer (byte-level BPE), saved loadable by ``AutoTokenizer``."""
+    out_dir = Path(out_dir)
+    bpe_tokenizer(vocab_size=vocab_size).save_pretrained(out_dir)
     return out_dir
+
+
+class TinyKit:
+    """What the areas' tiny-model builders are handed (they never import this module): the byte-level BPE
+    trainer and the corpus tokenizer, so an LM can share the vocabulary the shards were tokenised with."""
+
+    def __init__(self, tokenizer: str | Path | None = None) -> None:
+        self._tokenizer = tokenizer
+
+    def bpe(self, specials: Sequence[str], vocab_size: int = 512, lines: Sequence[str] | None = None) -> Any:
+        return bpe_tokenizer(specials, vocab_size, lines, pad=None)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The corpus tokenizer (loaded from the path given, else trained now)."""
+        from transformers import AutoTokenizer
+
+        if self._tokenizer is None:
+            return bpe_tokenizer()
+        return AutoTokenizer.from_pretrained(str(self._tokenizer))
+
+
+Builder = Callable[[], Sequence[Any]]
+"""Returns the objects to save into one directory (each has ``save_pretrained``), model first."""
+
+
+def write_models(out_dir: Path, models: Mapping[str, tuple[str, Builder]], seed: int = 0) -> dict[str, str]:
+    """The one tiny-model writer: for each ``name → (subdir, build)``, seed torch (``seed`` + position, so each
+    model's random weights are reproducible and distinct), build from configs, and ``save_pretrained`` every
+    object into ``out_dir/subdir``. Returns name → directory."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per tiny shard is noise
+    written = {}
+    for i, (name, (subdir, build)) in enumerate(models.items()):
+        torch.manual_seed(seed + i)
+        path = Path(out_dir) / subdir
+        path.mkdir(parents=True, exist_ok=True)
+        for obj in build():
+            obj.save_pretrained(path)
+        written[name] = str(path)
+    return written
+
+
+def write_area(out_dir: Path, area: str, tokenizer: str | Path | None = None) -> dict[str, str]:
+    """Write one area's tiny models (``visual_gain``, ``retrieval``, ``pretrain``, ``posttrain``): each area's
+    ``tiny.tiny_models(kit)`` describes them, this module writes them."""
+    import importlib
+
+    return write_models(out_dir, importlib.import_module(f"{area}.tiny").tiny_models(TinyKit(tokenizer)))
+
+
+AREAS = ("visual_gain", "retrieval", "pretrain", "posttrain")
+
+
+def write_all(out_dir: Path) -> dict[str, str]:
+    """``scifolio models tiny DIR``: the corpus tokenizer, then every area's models (the pre-training LM and the
+    RL policies share that tokenizer's vocabulary)."""
+    tokenizer = write_tiny_tokenizer(Path(out_dir) / "tokenizer")
+    written = {"tokenizer": str(tokenizer)}
+    for area in AREAS:
+        written.update(write_area(out_dir, area, tokenizer))
+    return written

@@ -1,26 +1,22 @@
-"""Tiny random causal LMs for offline smoke runs of distillation (``scifolio models tiny DIR``).
+"""Tiny random causal LMs for offline smoke runs of distillation, described here and written by the
+project's one tiny-model writer (``scifolio models tiny DIR``; ``pipelines.tiny.write_area(DIR, "posttrain")``).
 
-Writes a student and two domain teachers (reasoning, agentic) as Hugging Face ``save_pretrained``
-directories built from a config with random weights: nothing is downloaded. No tokenizer is written;
-pass ``vocab_size`` equal to the project's tiny tokenizer (pipelines/tiny.py, 1024 by default).
-
-    python -c "from pathlib import Path; from posttrain.tiny import write_tiny_posttrain; \
-print(write_tiny_posttrain(Path('/tmp/tiny')))"
+A student and two domain teachers (reasoning, agentic), built from a config with random weights over the
+corpus tokenizer's vocabulary (saved beside each model): nothing is downloaded.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 NAMES = ("student", "teacher-reasoning", "teacher-agentic")
 
 
-def write_tiny_causal_lm(out_dir: Path, vocab_size: int = 1024, hidden_size: int = 64, seed: int = 0) -> Path:
-    """A 2-layer Qwen2 causal LM with random weights (distinct per seed)."""
-    import torch
+def causal_lm(vocab_size: int = 1024, hidden_size: int = 64) -> Any:
+    """A 2-layer Qwen2 causal LM with random weights."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -31,14 +27,14 @@ def write_tiny_causal_lm(out_dir: Path, vocab_size: int = 1024, hidden_size: int
         max_position_embeddings=512,
         tie_word_embeddings=True,
     )
-    out_dir = Path(out_dir)
-    Qwen2ForCausalLM(config).save_pretrained(out_dir)
-    return out_dir
+    return Qwen2ForCausalLM(config)
 
 
-def write_tiny_posttrain(out_dir: Path, vocab_size: int = 1024) -> dict[str, str]:
-    """Student and teachers under ``out_dir/posttrain-<name>``; returns name → path."""
-    return {
-        name: str(write_tiny_causal_lm(Path(out_dir) / f"posttrain-{name}", vocab_size=vocab_size, seed=i))
-        for i, name in enumerate(NAMES)
-    }
+def tiny_models(kit: Any) -> dict[str, tuple[str, Callable[[], list[Any]]]]:
+    """Student and teachers under ``DIR/posttrain-<name>``."""
+
+    def build() -> list[Any]:
+        tok = kit.tokenizer
+        return [causal_lm(vocab_size=len(tok)), tok]
+
+    return {name: (f"posttrain-{name}", build) for name in NAMES}

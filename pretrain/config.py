@@ -154,7 +154,7 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
 
 
 def debug(shards: str = "out", models: str = "tiny", **overrides: Any) -> TrainConfig:
-    """2 layers, d=64 (the models ``write_tiny_pretrain`` writes): what tests and smoke runs use."""
+    """2 layers, d=64 (the models ``scifolio models tiny`` writes): what tests and smoke runs use."""
     models_dir = Path(models)
     cfg = TrainConfig(
         model=ModelConfig(backbone=str(models_dir / "pretrain-lm"), encoder=str(models_dir / "pretrain-vision")),

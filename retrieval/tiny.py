@@ -1,14 +1,15 @@
-"""Tiny random models for offline smoke runs and tests: a CLIP-style embedder, a captioner, a cross-encoder.
+"""Tiny random models for offline smoke runs and tests: a CLIP-style embedder, a captioner, a cross-encoder,
+described here and written by the project's one tiny-model writer (``scifolio models tiny DIR``;
+``pipelines.tiny.write_area(DIR, "retrieval")``).
 
 Random weights (outputs are meaningless but shapes, dtypes, save/load paths and every code path are real);
 tokenizers are trained locally on a few sentences, so nothing touches a hub.
-
-    python -c "from pathlib import Path; from retrieval.tiny import write_tiny_retrieval as w; print(w(Path('tiny')))"
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 _CORPUS = [
     "a plot of a sine wave",
@@ -50,9 +51,8 @@ def _bert_tokenizer():
     )
 
 
-def write_tiny_clip(out_dir: Path, projection_dim: int = 16, image_size: int = 32) -> Path:
+def clip(projection_dim: int = 16, image_size: int = 32) -> list[Any]:
     """CLIPModel + processor loadable by sentence-transformers (``SentenceTransformer(out_dir)``)."""
-    import torch
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import CLIPConfig, CLIPModel, CLIPProcessor, PreTrainedTokenizerFast
     from transformers.models.clip import CLIPImageProcessorPil  # the PIL backend: no torchvision needed
@@ -88,23 +88,17 @@ def write_tiny_clip(out_dir: Path, projection_dim: int = 16, image_size: int = 3
         vision_config=dict(small, image_size=image_size, patch_size=8),
         projection_dim=projection_dim,
     )
-    torch.manual_seed(0)
-    model = CLIPModel(cfg)
     proc = CLIPProcessor(
         image_processor=CLIPImageProcessorPil(
             size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
         ),
         tokenizer=ftok,
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    proc.save_pretrained(out_dir)
-    return out_dir
+    return [CLIPModel(cfg), proc]
 
 
-def write_tiny_captioner(out_dir: Path, image_size: int = 32) -> Path:
+def captioner(image_size: int = 32) -> list[Any]:
     """VisionEncoderDecoder (ViT encoder + BERT decoder with cross-attention), image processor, tokenizer."""
-    import torch
     from transformers import BertConfig, VisionEncoderDecoderConfig, VisionEncoderDecoderModel, ViTConfig
     from transformers.models.vit import ViTImageProcessorPil
 
@@ -117,21 +111,15 @@ def write_tiny_captioner(out_dir: Path, image_size: int = 32) -> Path:
     cfg = VisionEncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
     cls, sep, pad = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id
     cfg.decoder_start_token_id, cfg.eos_token_id, cfg.pad_token_id = cls, sep, pad
-    torch.manual_seed(0)
     model = VisionEncoderDecoderModel(cfg)
     model.generation_config.decoder_start_token_id = cls
     model.generation_config.eos_token_id = sep
     model.generation_config.pad_token_id = pad
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    ViTImageProcessorPil(size={"height": image_size, "width": image_size}).save_pretrained(out_dir)
-    return out_dir
+    return [model, tokenizer, ViTImageProcessorPil(size={"height": image_size, "width": image_size})]
 
 
-def write_tiny_cross_encoder(out_dir: Path) -> Path:
+def cross_encoder() -> list[Any]:
     """BertForSequenceClassification(num_labels=1) + tokenizer, loadable by ``sentence_transformers.CrossEncoder``."""
-    import torch
     from transformers import BertConfig, BertForSequenceClassification
 
     tokenizer = _bert_tokenizer()
@@ -144,19 +132,13 @@ def write_tiny_cross_encoder(out_dir: Path) -> Path:
         max_position_embeddings=128,
         num_labels=1,
     )
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(cfg)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
+    return [BertForSequenceClassification(cfg), tokenizer]
 
 
-def write_tiny_retrieval(out_dir: Path) -> dict[str, str]:
-    """Write all three under ``out_dir/retrieval/``; returns name -> path (for ``scifolio models tiny``)."""
-    root = Path(out_dir) / "retrieval"
+def tiny_models(kit: Any) -> dict[str, tuple[str, Callable[[], list[Any]]]]:
+    """name → (subdir under DIR/retrieval, builder). ``kit`` is unused: these tokenizers are their own."""
     return {
-        "retrieval-clip": str(write_tiny_clip(root / "clip")),
-        "retrieval-captioner": str(write_tiny_captioner(root / "captioner")),
-        "retrieval-reranker": str(write_tiny_cross_encoder(root / "reranker")),
+        "retrieval-clip": ("retrieval/clip", clip),
+        "retrieval-captioner": ("retrieval/captioner", captioner),
+        "retrieval-reranker": ("retrieval/reranker", cross_encoder),
     }

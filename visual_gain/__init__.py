@@ -6,7 +6,7 @@ Modules (heavy imports happen inside functions, importing this package is cheap)
 - ``scorer``: ``VisualGainScorer(config).load()`` / ``.run_batch(pages, model)``, two passes per page.
 - ``thresholds``: per-domain thresholds file, domain classifier, keep/drop decision.
 - ``review``: stratified export of pages near the threshold to static HTML, and the threshold fit.
-- ``tiny``: ``write_tiny_visual_gain(out_dir)``, a tiny random VLM for offline smoke runs.
+- ``tiny``: the tiny random VLMs ``scifolio models tiny`` writes, for offline smoke runs.
 
     python -m pytest tests/visual_gain -q
 """

@@ -1,17 +1,16 @@
-"""Tiny random vision-language models for offline smoke runs and tests (``scifolio models tiny DIR``).
+"""Tiny random vision-language models for offline smoke runs and tests, described here and written by the
+project's one tiny-model writer (``scifolio models tiny DIR``; ``pipelines.tiny.write_area(DIR, "visual_gain")``).
 
 The weights are random: scores from these models exercise the whole path (tokenise, interleave crops,
 two passes, thresholds) but mean nothing. Real scores need a real VLM (README: Qwen2-VL-2B-Instruct).
 Each directory loads through the scorer's ordinary ``from_pretrained(path)`` path: config + weights,
-a byte-level BPE tokenizer trained here with the family's special tokens, and the family's image
-processor (PIL backend; no torchvision needed).
-
-    python -c "from pathlib import Path; from visual_gain.tiny import write_tiny_visual_gain as w; print(w(Path('/tmp/tiny')))"
+a byte-level BPE tokenizer with the family's special tokens, and the family's image processor (PIL
+backend; no torchvision needed).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 QWEN_SPECIALS = ("<|endoftext|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
@@ -34,29 +33,17 @@ def _corpus(n_lines: int = 400) -> list[str]:
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 20))) + "." for _ in range(n_lines)]
 
 
-def train_tiny_tokenizer(specials: tuple[str, ...], vocab_size: int = 512) -> Any:
-    """A byte-level BPE tokenizer (any text encodes) with ``specials`` as whole tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(specials), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(_corpus(), trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=specials[0], pad_token=specials[0])
+def corpus() -> list[str]:
+    """The lines the VLM tokenizers are trained on."""
+    return _corpus()
 
 
-def write_tiny_qwen2_vl(out_dir: Path, hidden_size: int = 32, layers: int = 2, seed: int = 0) -> Path:
+def qwen2_vl(kit: Any, hidden_size: int = 32, layers: int = 2) -> list[Any]:
     """A random Qwen2-VL (M-RoPE, dynamic-resolution vision tower) small enough for unit tests."""
-    import torch
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    out_dir = Path(out_dir)
-    tok = train_tiny_tokenizer(QWEN_SPECIALS)
+    tok = kit.bpe(QWEN_SPECIALS, 512, corpus())
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIALS}
     heads = 4
     half = hidden_size // heads // 2  # M-RoPE splits each head's rotary half into (t, h, w) sections
@@ -93,23 +80,17 @@ def write_tiny_qwen2_vl(out_dir: Path, hidden_size: int = 32, layers: int = 2, s
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|endoftext|>"],
     )
-    torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config).eval()
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
     # at most 16 merged image tokens per crop keeps tests fast; real checkpoints use the processor default
-    Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28 * 16).save_pretrained(out_dir)
-    return out_dir
+    return [model, tok, Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28 * 16)]
 
 
-def write_tiny_llava(out_dir: Path, hidden_size: int = 32, layers: int = 2, seed: int = 0) -> Path:
+def llava(kit: Any, hidden_size: int = 32, layers: int = 2) -> list[Any]:
     """A random LLaVA (CLIP vision tower, Llama decoder), 16 image tokens per crop."""
-    import torch
     from transformers import LlavaConfig, LlavaForConditionalGeneration
     from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
 
-    out_dir = Path(out_dir)
-    tok = train_tiny_tokenizer(LLAVA_SPECIALS)
+    tok = kit.bpe(LLAVA_SPECIALS, 512, corpus())
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
     config = LlavaConfig(
         vision_config=dict(
@@ -137,22 +118,16 @@ def write_tiny_llava(out_dir: Path, hidden_size: int = 32, layers: int = 2, seed
         vision_feature_layer=-1,
         vision_feature_select_strategy="default",
     )
-    torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config).eval()
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    LlavaImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(out_dir)
-    return out_dir
+    return [model, tok, LlavaImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})]
 
 
-def write_tiny_qwen2_5_vl(out_dir: Path, hidden_size: int = 32, layers: int = 2, seed: int = 0) -> Path:
+def qwen2_5_vl(kit: Any, hidden_size: int = 32, layers: int = 2) -> list[Any]:
     """A random Qwen2.5-VL (windowed-attention vision tower); same tokens and processor as Qwen2-VL."""
-    import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    out_dir = Path(out_dir)
-    tok = train_tiny_tokenizer(QWEN_SPECIALS)
+    tok = kit.bpe(QWEN_SPECIALS, 512, corpus())
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIALS}
     heads = 4
     half = hidden_size // heads // 2
@@ -190,18 +165,14 @@ def write_tiny_qwen2_5_vl(out_dir: Path, hidden_size: int = 32, layers: int = 2,
         bos_token_id=eos,
         eos_token_id=eos,
     )
-    torch.manual_seed(seed)
-    Qwen2_5_VLForConditionalGeneration(config).eval().save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28 * 16).save_pretrained(out_dir)
-    return out_dir
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    return [model, tok, Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28 * 16)]
 
 
-def write_tiny_visual_gain(out_dir: Path) -> dict[str, str]:
-    """Write the tiny VLMs under ``out_dir``; returns name → directory (pass one to ``--visual-gain-model``)."""
-    out_dir = Path(out_dir)
+def tiny_models(kit: Any) -> dict[str, tuple[str, Callable[[], list[Any]]]]:
+    """name → (subdir, builder); pass a directory to ``--visual-gain-model``."""
     return {
-        "visual_gain_vlm": str(write_tiny_qwen2_vl(out_dir / "visual_gain_qwen2_vl")),
-        "visual_gain_vlm_qwen2_5": str(write_tiny_qwen2_5_vl(out_dir / "visual_gain_qwen2_5_vl")),
-        "visual_gain_vlm_llava": str(write_tiny_llava(out_dir / "visual_gain_llava")),
+        "visual_gain_vlm": ("visual_gain_qwen2_vl", lambda: qwen2_vl(kit)),
+        "visual_gain_vlm_qwen2_5": ("visual_gain_qwen2_5_vl", lambda: qwen2_5_vl(kit)),
+        "visual_gain_vlm_llava": ("visual_gain_llava", lambda: llava(kit)),
     }

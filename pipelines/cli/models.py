@@ -7,20 +7,9 @@ from pathlib import Path
 
 
 def cmd_models_tiny(args: argparse.Namespace) -> int:
-    from pipelines.tiny import write_tiny_tokenizer
-    from posttrain.tiny import write_tiny_posttrain
-    from pretrain.tiny import write_tiny_pretrain
-    from retrieval.tiny import write_tiny_retrieval
-    from visual_gain.tiny import write_tiny_visual_gain
+    from pipelines.tiny import write_all
 
-    out = Path(args.dir)
-    tokenizer = write_tiny_tokenizer(out / "tokenizer")
-    written = {"tokenizer": str(tokenizer)}
-    written.update(write_tiny_visual_gain(out))
-    written.update(write_tiny_retrieval(out))
-    written.update(write_tiny_pretrain(out, tokenizer))  # the LM shares the corpus job's tokenizer
-    written.update(write_tiny_posttrain(out))
-    for name, path in written.items():
+    for name, path in write_all(Path(args.dir)).items():
         print(f"{name}: {path}")
     return 0
 

@@ -198,12 +198,12 @@ def test_build_with_visual_gain_scores_every_kept_page(corpus: Path, tmp_path: P
     from pipelines.assembly.build import BuildConfig
     from pipelines.jobs.corpus import run
     from pipelines.jobs.stages import VisualGainSlot
+    from pipelines.tiny import write_area
     from visual_gain.review import read_scored_pages
     from visual_gain.scorer import VisualGainConfig
     from visual_gain.thresholds import Thresholds
-    from visual_gain.tiny import write_tiny_visual_gain
 
-    vlm = write_tiny_visual_gain(tmp_path / "models")["visual_gain_vlm"]
+    vlm = write_area(tmp_path / "models", "visual_gain")["visual_gain_vlm"]
     thresholds = Thresholds.load(None)
     thr_path = tmp_path / "thresholds.json"
     # a threshold below every plausible ΔH of a random model keeps all pages with visuals

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pipelines.tiny import write_area
 from posttrain.distill import (
     DomainRoute,
     DomainRouter,
@@ -18,7 +19,6 @@ from posttrain.distill import (
     sampled_logprobs,
 )
 from posttrain.policy_loss import policy_loss
-from posttrain.tiny import write_tiny_posttrain
 
 F64 = torch.float64
 
@@ -78,7 +78,7 @@ def test_distill_loss_is_eq29_with_weighted_token_advantages() -> None:
 
 
 def test_real_tiny_teachers_end_to_end(tmp_path) -> None:
-    paths = write_tiny_posttrain(tmp_path, vocab_size=64)
+    paths = write_area(tmp_path, "posttrain")
     router = DomainRouter({"math": DomainRoute("teacher-reasoning"), "swe": DomainRoute("teacher-agentic", 0.5)})
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 64, (4, 10), generator=gen)

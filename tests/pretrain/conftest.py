@@ -9,11 +9,10 @@ from tests.pretrain.fixtures import write_corpus
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pipelines.tiny import write_tiny_tokenizer
-    from pretrain.tiny import write_tiny_pretrain
+    from pipelines.tiny import write_area, write_tiny_tokenizer
 
     out = tmp_path_factory.mktemp("tiny")
-    write_tiny_pretrain(out, write_tiny_tokenizer(out / "tokenizer"))
+    write_area(out, "pretrain", write_tiny_tokenizer(out / "tokenizer"))
     return out
 
 

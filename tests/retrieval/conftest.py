@@ -29,9 +29,9 @@ def corpus_out(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, str]:
-    from retrieval.tiny import write_tiny_retrieval
+    from pipelines.tiny import write_area
 
-    return write_tiny_retrieval(tmp_path_factory.mktemp("tiny"))
+    return write_area(tmp_path_factory.mktemp("tiny"), "retrieval")
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from visual_gain.tiny import write_tiny_visual_gain
+    from pipelines.tiny import write_area
 
-    return write_tiny_visual_gain(Path(tmp_path_factory.mktemp("tiny_vlm")))
+    return write_area(Path(tmp_path_factory.mktemp("tiny_vlm")), "visual_gain")
