@@ -46,6 +46,10 @@ class QuarantineEntry:
 
 @dataclass(frozen=True)
 class Totals:
+    """Every input file is exactly one of: in the shards, quarantined (a final dead letter at document level,
+    duplicates included), or retryable: ``input_files = documents_in_shards + documents_quarantined +
+    documents_retryable``."""
+
     input_files: int | None
     """Files the job was given (None when they could not be counted, e.g. remote globs)."""
     documents_in_shards: int
@@ -54,6 +58,8 @@ class Totals:
     tokens: int
     documents_retryable: int = 0
     """Documents that failed for an infrastructure reason and were not marked done (a rerun retries them)."""
+    documents_failed: int = 0
+    """Of the quarantined documents, those that failed for a content reason (duplicates are not failures)."""
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def test_build_index_weights_pretrain_chain(tmp_path: Path):
     scifolio("models", "tiny", str(tiny))
     scifolio(
         "build", str(pdfs), "--out", str(out), "--tokenizer", str(tiny / "tokenizer"), "--backend", "pymupdf",
-        "--max-tokens", "256", "--overlap", "16", "--page-renders", "--no-progress",
+        "--max-tokens", "256", "--overlap", "16", "--page-renders", "--no-progress", "--max-error-rate", "1",
     )  # fmt: skip
     clip = str(tiny / "retrieval" / "clip")
     uri = str(tmp_path / "index.db")

@@ -95,6 +95,17 @@ def _tokenizer_fingerprint(name: str) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often an infrastructure failure of one document is retried inside a run (not part of the output's
+    config: it changes when a document is built, never what)."""
+
+    attempts: int = 3
+    """Tries per document, the first included."""
+    backoff_s: float = 1.0
+    """Wait before the second try; doubled before each further one."""
+
+
 @dataclass
 class DocResult:
     doc_id: str
@@ -102,6 +113,45 @@ class DocResult:
     rows: list[dict[str, Any]]
     dropped: list[Dropped]
     stats: dict[str, int]
+    retryable: bool = False
+    """An infrastructure failure outlived its retries: the document is NOT marked done, a rerun retries it."""
+
+
+# Exceptions that say nothing about the document: memory, I/O and object stores, a missing or failing model
+# or backend. The same document may well succeed on a rerun (after the fix), so they are never final.
+_INFRA_TYPES: tuple[type[BaseException], ...] = (MemoryError, OSError, ConnectionError, TimeoutError)
+_INFRA_NAMES = {"OutOfMemoryError", "BackendUnavailable", "DistBackendError"}
+_INFRA_MESSAGES = ("out of memory", "cuda error", "cudnn_status", "nccl")
+
+
+def is_infrastructure_error(exc: BaseException) -> bool:
+    """True for failures of the machine, a service or a model (retry later); False for content failures."""
+    if isinstance(exc, RetryableError):
+        return True
+    if isinstance(exc, _INFRA_TYPES) or any(t.__name__ in _INFRA_NAMES for t in type(exc).__mro__):
+        return True
+    message = str(exc).lower()
+    return any(m in message for m in _INFRA_MESSAGES)
+
+
+class RetryableError(RuntimeError):
+    """An infrastructure failure while building a document (the cause is chained)."""
+
+
+def retryable_result(data_or_id: bytes | str, source: str, exc: BaseException, attempts: int) -> DocResult:
+    """The dead letter of a document whose infrastructure failure persisted: stage "build", reason
+    "retryable"; never saved as done."""
+    import traceback
+
+    doc_id = data_or_id if isinstance(data_or_id, str) else hashlib.sha256(data_or_id).hexdigest()
+    cause = exc.__cause__ or exc
+    detail = {
+        "source": source,
+        "error": repr(cause),
+        "attempts": attempts,
+        "traceback": "".join(traceback.format_exception(cause, limit=8))[-4000:],
+    }
+    return DocResult(doc_id, source, [], [Dropped(doc_id, "build", "retryable", detail)], {}, retryable=True)
 
 
 class DocumentBuilder:
@@ -115,12 +165,16 @@ class DocumentBuilder:
     def build(self, data: bytes, source: str, parse_items: Iterable[Document | Page | Dropped]) -> DocResult:
         """``parse_items`` is ``parsing.iter_parse(data, source, cfg)`` (injected so tests can feed records).
 
-        An unexpected error in any stage becomes a dead letter (stage "build", reason "error") with the
-        traceback, so one bad document never fails the job; the manifest and the CLI report the count.
+        An infrastructure failure (``is_infrastructure_error``: out of memory, I/O, a model or backend that
+        fails) raises ``RetryableError``: the caller retries, and a document whose failure persists is not
+        marked done. Any other error is a property of the document: a final dead letter (stage "build", reason
+        "error") with the traceback, so one bad document never fails the job.
         """
         try:
             return self._build(data, source, parse_items)
         except Exception as e:
+            if is_infrastructure_error(e):
+                raise RetryableError(f"{source}: {e!r}") from e
             import traceback
 
             doc_id = hashlib.sha256(data).hexdigest()
@@ -233,6 +287,8 @@ class WorkStore:
         return json.loads(marker.read_text())
 
     def save(self, result: DocResult) -> dict[str, Any]:
+        if result.retryable:
+            raise ValueError(f"{result.doc_id}: a retryable result is never saved as done")
         base = self._base(result.doc_id)
         base.parent.mkdir(parents=True, exist_ok=True)
         if result.rows:

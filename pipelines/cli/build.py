@@ -15,7 +15,7 @@ from pipelines.cli.parse import _add_parse_options, _parse_config
 
 
 def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from pipelines.assembly.build import BuildConfig
+    from pipelines.assembly.build import BuildConfig, RetryPolicy
     from pipelines.assembly.interleave import ImageTokenRule
     from pipelines.jobs.corpus import run
     from pipelines.jobs.stages import visual_gain_config
@@ -47,26 +47,56 @@ def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
         beam_args = [*beam_args, *local_beam_args(config)]
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         beam_args = [*beam_args, f"--default_sdk_harness_log_level={'INFO' if args.verbose else 'WARNING'}"]
-    manifest = run(args.inputs, args.out, config, beam_args, progress=not args.no_progress)
+    retry = RetryPolicy(attempts=args.retries + 1, backoff_s=args.retry_backoff)
+    manifest = run(args.inputs, args.out, config, beam_args, progress=not args.no_progress, retry=retry)
     t = manifest.totals
     print(
         f"shards: {len(manifest.shards)}  chunks: {t.chunks}  tokens: {t.tokens}  "
         f"documents in shards: {t.documents_in_shards}  quarantined: {t.documents_quarantined}  "
         f"({manifest.elapsed_s} s)"
     )
-    print("metrics:")
-    for key, value in manifest.metrics.items():
-        print(f"  {key}: {value}")
-    if manifest.dropped_by_reason:
-        print("dropped:")
-        for key, value in manifest.dropped_by_reason.items():
+    if args.verbose:
+        print("metrics:")
+        for key, value in manifest.metrics.items():
             print(f"  {key}: {value}")
     print(f"manifest: {Path(args.out) / 'manifest.json'}")
+    return exit_status(manifest, args.max_error_rate)
+
+
+def exit_status(manifest, max_error_rate: float) -> int:
+    """Print the outcome table; 0 when at most ``max_error_rate`` of the documents failed for content reasons and
+    none is left retryable, else 1."""
+    t = manifest.totals
+    n = t.documents_in_shards + t.documents_quarantined + t.documents_retryable
+    rate = t.documents_failed / n if n else 0.0
+    print(f"{'documents':<32}{n:>8}")
+    print(f"{'  in shards':<32}{t.documents_in_shards:>8}")
+    print(f"{'  failed (content, final)':<32}{t.documents_failed:>8}   {rate:.1%} of documents")
+    print(f"{'  duplicates':<32}{t.documents_quarantined - t.documents_failed:>8}")
+    print(f"{'  retryable (not marked done)':<32}{t.documents_retryable:>8}")
+    if manifest.dropped_by_reason:
+        print(f"{'dead letters by stage.reason':<32}")
+        for key, value in manifest.dropped_by_reason.items():
+            print(f"  {key:<30}{value:>8}")
+    if t.documents_retryable:
+        print(
+            f"error: {t.documents_retryable} document(s) failed for an infrastructure reason (see "
+            "quarantine/build.jsonl, reason 'retryable'); rerun the same command to retry them",
+            file=sys.stderr,
+        )
+        return 1
+    if rate > max_error_rate:
+        print(
+            f"error: {rate:.1%} of the documents failed for content reasons, above --max-error-rate "
+            f"{max_error_rate:.1%} (see quarantine/)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from pipelines.assembly.build import BuildConfig
+    from pipelines.assembly.build import BuildConfig, RetryPolicy
     from pipelines.assembly.interleave import ImageTokenRule
     from visual_gain.scorer import VisualGainConfig
 
@@ -110,6 +140,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--page-render-dpi", type=int, default=72, help="DPI of page renders (default: 72)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=0.05,
+        metavar="R",
+        help="exit non-zero when more than R of the documents failed for content reasons (corrupt, encrypted, "
+        "empty, timeout…; duplicates do not count) or any document is left retryable (default 0.05)",
+    )
+    retries, backoff = default(RetryPolicy, "attempts") - 1, default(RetryPolicy, "backoff_s")
+    b.add_argument(
+        "--retries",
+        type=int,
+        default=retries,
+        help="retries of a document whose build fails for an infrastructure reason (out of memory, I/O, a "
+        f"failing model or backend), with exponential backoff; one that still fails is not marked done "
+        f"(default {retries})",
+    )
+    b.add_argument(
+        "--retry-backoff", type=float, default=backoff, help=f"seconds before the first retry (default {backoff})"
+    )
     _add_parse_options(b)
     vg = b.add_argument_group("visual gain")
     vg.add_argument(

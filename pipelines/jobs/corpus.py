@@ -44,9 +44,13 @@ from formats.records import Dropped
 from formats.shards import SCHEMA_VERSION, ShardFile
 from pipelines.assembly.build import (
     BuildConfig,
+    DocResult,
     DocumentBuilder,
+    RetryPolicy,
     WorkStore,
+    is_infrastructure_error,
     n_shards_for,
+    retryable_result,
     shard_of,
     write_shard_from_docs,
 )
@@ -128,11 +132,19 @@ class ProcessDocument(beam.DoFn):
     is raised by ``process`` before that document is built, not turned into a dead letter).
     """
 
-    def __init__(self, config: BuildConfig, work_root: str, parser_version: str, progress_total: int | None = None):
+    def __init__(
+        self,
+        config: BuildConfig,
+        work_root: str,
+        parser_version: str,
+        progress_total: int | None = None,
+        retry: RetryPolicy | None = None,
+    ):
         self.config = config
         self.work_root = work_root
         self.parser_version = parser_version
         self.progress_total = progress_total
+        self.retry = retry or RetryPolicy()
 
     def setup(self) -> None:
         from parsing import warm_up
@@ -159,14 +171,19 @@ class ProcessDocument(beam.DoFn):
             Metrics.counter(NAMESPACE, "documents_resumed").inc()
             dropped = self.store.dropped(doc_id)
         else:
-            with FileSystems.open(source) as f:
-                data = f.read()
             t0 = time.perf_counter()
-            parsed = _Parsed(iter_parse(data, source, self.config.parse))
-            result = self._builder.result().build(data, source, parsed)
+            result = self._build_with_retries(doc_id, source, iter_parse)
             Metrics.distribution(NAMESPACE, "doc_ms").update(int((time.perf_counter() - t0) * 1000))
-            summary = self.store.save(result)
             dropped = result.dropped
+            if result.retryable:  # not marked done: the next run retries it
+                Metrics.counter(NAMESPACE, "documents_retryable").inc()
+                for d in dropped:
+                    Metrics.counter(NAMESPACE, f"dropped.{d.stage}.{d.reason}").inc()
+                    yield beam.pvalue.TaggedOutput("dropped", d.to_row())
+                if self._bar is not None:
+                    self._bar.update(1)
+                return
+            summary = self.store.save(result)
         for key, value in summary["stats"].items():
             Metrics.counter(NAMESPACE, key).inc(int(value))
         for d in dropped:
@@ -176,6 +193,25 @@ class ProcessDocument(beam.DoFn):
             self._bar.update(1)
         if summary["n_chunks"]:
             yield doc_id
+
+    def _build_with_retries(self, doc_id: str, source: str, iter_parse: Callable[..., Any]) -> DocResult:
+        """Read, parse and build; an infrastructure failure (out of memory, I/O, a failing model or backend) is
+        retried with exponential backoff, and one that persists gives a ``retryable`` result."""
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                with FileSystems.open(source) as f:
+                    data = f.read()
+                parsed = _Parsed(iter_parse(data, source, self.config.parse))
+                return self._builder.result().build(data, source, parsed)
+            except Exception as e:
+                if not is_infrastructure_error(e):
+                    raise
+                log.warning("%s: attempt %d/%d failed: %r", source, attempt, self.retry.attempts, e)
+                if attempt == self.retry.attempts:
+                    return retryable_result(doc_id, source, e, attempt)
+                Metrics.counter(NAMESPACE, "build_retries").inc()
+                time.sleep(self.retry.backoff_s * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
 
     def teardown(self) -> None:
         if getattr(self, "_bar", None) is not None:
@@ -237,6 +273,7 @@ def build_pipeline(
     out: str,
     parser_version: str,
     progress_total: int | None = None,
+    retry: RetryPolicy | None = None,
 ) -> dict[str, beam.PCollection]:
     paths = JobPaths(out)
     config_hash = config.config_hash(parser_version)
@@ -268,7 +305,7 @@ def build_pipeline(
         unique.docs
         | "Spread" >> beam.Reshuffle()
         | "ProcessDocument"
-        >> beam.ParDo(ProcessDocument(config, work_root, parser_version, progress_total)).with_outputs(
+        >> beam.ParDo(ProcessDocument(config, work_root, parser_version, progress_total, retry)).with_outputs(
             "dropped", main="docs"
         )
     )
@@ -351,7 +388,12 @@ def local_beam_args(config: BuildConfig, cores: int | None = None) -> list[str]:
 
 
 def run(
-    inputs: Sequence[str], out: str, config: BuildConfig, beam_args: Sequence[str] = (), progress: bool = True
+    inputs: Sequence[str],
+    out: str,
+    config: BuildConfig,
+    beam_args: Sequence[str] = (),
+    progress: bool = True,
+    retry: RetryPolicy | None = None,
 ) -> Manifest:
     """Run the job and write ``OUT/manifest.json``; returns the manifest."""
     from parsing import PARSER_VERSION, available_backends
@@ -363,7 +405,7 @@ def run(
     n_inputs = count_inputs(inputs)
     t0 = time.time()
     p = beam.Pipeline(options=options)
-    graph = build_pipeline(p, inputs, config, out, PARSER_VERSION, n_inputs if progress else None)
+    graph = build_pipeline(p, inputs, config, out, PARSER_VERSION, n_inputs if progress else None, retry)
     result = p.run()
     result.wait_until_finish()
     elapsed = time.time() - t0
@@ -404,7 +446,9 @@ def write_manifest(
 
     dropped = list(iter_quarantine(paths.quarantine))
     by_reason = Counter(f"{d.stage}.{d.reason}" for d in dropped)
-    doc_level = {d.item_id for d in dropped if not is_page_id(d.item_id)}
+    doc_level = {d.item_id for d in dropped if not is_page_id(d.item_id) and d.reason != "retryable"}
+    retryable = {d.item_id for d in dropped if d.reason == "retryable"}
+    failed = {d.item_id for d in dropped if d.item_id in doc_level and d.reason not in NOT_FAILURES}
     shard_files = [str(paths.shards / e.file) for e in shards]
     docs_in_shards: set[str] = set()
     for f in shard_files:
@@ -429,6 +473,8 @@ def write_manifest(
             documents_quarantined=len(doc_level),
             chunks=sum(e.rows for e in shards),
             tokens=sum(e.tokens for e in shards),
+            documents_retryable=len(retryable),
+            documents_failed=len(failed),
         ),
         dropped_by_reason=dict(sorted(by_reason.items())),
         quarantine=quarantine,
@@ -439,6 +485,9 @@ def write_manifest(
     manifest.write(out)
     return manifest
 
+
+# Document-level dead letters that are not failures: the content was kept under another id.
+NOT_FAILURES = frozenset({"duplicate", "near_duplicate"})
 
 _PAGE_ID = re.compile(r"^[0-9a-f]{64}:\d+$")
 

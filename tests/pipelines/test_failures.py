@@ -1,0 +1,110 @@
+"""Failures are classified, never silent: content failures are final dead letters and count against
+``--max-error-rate``; infrastructure failures are retried, then left retryable (not marked done) so the next
+run builds them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from formats.manifest import Manifest
+from formats.quarantine import iter_quarantine
+from formats.records import Document, Page
+from pipelines.assembly.build import (
+    BuildConfig,
+    DocumentBuilder,
+    RetryableError,
+    is_infrastructure_error,
+)
+from pipelines.cli import main
+from tests.pipelines.pdfs import write_corpus, write_paper
+
+
+@pytest.mark.parametrize(
+    ("exc", "infra"),
+    [
+        (MemoryError(), True),
+        (OSError("connection reset by peer"), True),
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+        (TimeoutError(), True),
+        (ValueError("an image of 9000 tokens cannot fit a chunk"), False),
+        (KeyError("page"), False),
+    ],
+)
+def test_classification(exc, infra):
+    assert is_infrastructure_error(exc) is infra
+
+
+def test_builder_raises_retryable_and_keeps_content_errors_final(tiny_tokenizer):
+    data = b"%PDF-fake"
+    doc = Document("d" * 64, "x.pdf", 1)
+    page = Page(doc.doc_id, 0, 100.0, 100.0, (), parser="t")
+
+    def oom(document, pages):
+        raise RuntimeError("CUDA out of memory")
+
+    with pytest.raises(RetryableError):
+        DocumentBuilder(BuildConfig(tokenizer=tiny_tokenizer), page_filter=oom).build(data, "x.pdf", [doc, page])
+
+    def bug(document, pages):
+        raise ValueError("bad page")
+
+    result = DocumentBuilder(BuildConfig(tokenizer=tiny_tokenizer), page_filter=bug).build(data, "x.pdf", [doc, page])
+    assert not result.retryable and [(d.stage, d.reason) for d in result.dropped] == [("build", "error")]
+
+
+def _build(pdfs: Path, out: Path, tokenizer: str, *extra: str) -> int:
+    return main(
+        ["build", str(pdfs), "--out", str(out), "--tokenizer", tokenizer, "--backend", "pymupdf", "--no-progress"]
+        + ["--direct_running_mode=in_memory", "--direct_num_workers=1", *extra]
+    )
+
+
+def test_max_error_rate_exit_codes(tmp_path: Path, tiny_tokenizer: str, capsys):
+    pdfs = write_corpus(tmp_path / "pdfs")  # 6 inputs: 3 papers, a duplicate, an empty file, a non-PDF
+    assert _build(pdfs, tmp_path / "out", tiny_tokenizer) == 1  # 2 of 6 failed > 5 %
+    printed = capsys.readouterr()
+    assert "33.3% of documents" in printed.out and "open.not_pdf" in printed.out
+    assert "above --max-error-rate 5.0%" in printed.err
+    assert _build(pdfs, tmp_path / "out", tiny_tokenizer, "--max-error-rate", "0.34") == 0  # resumed, same result
+    t = Manifest.read(tmp_path / "out").totals
+    assert (t.documents_in_shards, t.documents_failed, t.documents_quarantined, t.documents_retryable) == (3, 2, 3, 0)
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_the_scorer_leaves_the_document_retryable(tmp_path: Path, tiny_tokenizer: str, monkeypatch):
+    from pipelines.tiny import write_area
+    from visual_gain.scorer import VisualGainScorer
+    from visual_gain.thresholds import Thresholds
+
+    pdfs = tmp_path / "pdfs"
+    pdfs.mkdir()
+    write_paper(pdfs / "a.pdf", n_pages=2, seed=1)
+    write_paper(pdfs / "b.pdf", n_pages=1, seed=2)
+    vlm = write_area(tmp_path / "models", "visual_gain")["visual_gain_vlm"]
+    thresholds = tmp_path / "thresholds.json"
+    Thresholds(by_domain={d: -10.0 for d in Thresholds.load(None).by_domain}).save(thresholds)
+    out = tmp_path / "out"
+    args = ["--visual-gain-model", vlm, "--thresholds", str(thresholds), "--retries", "1", "--retry-backoff", "0.01"]
+    real = VisualGainScorer.run_batch
+    calls = []
+
+    def out_of_memory(self, pages, model):
+        calls.append(pages[0].doc_id)
+        raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(VisualGainScorer, "run_batch", out_of_memory)
+    assert _build(pdfs, out, tiny_tokenizer, *args) == 1
+    m = Manifest.read(out)
+    assert m.totals.documents_retryable == 2 and m.totals.documents_in_shards == 0 and m.totals.documents_failed == 0
+    assert len(calls) == 4  # two documents × (first try + one retry)
+    retry = [d for d in iter_quarantine(out / "quarantine") if d.reason == "retryable"]
+    assert len(retry) == 2 and all("out of memory" in d.detail["error"] for d in retry)
+    assert not list((out / "_work").rglob("*.done"))  # nothing marked done
+
+    monkeypatch.setattr(VisualGainScorer, "run_batch", real)  # the scorer is fixed
+    assert _build(pdfs, out, tiny_tokenizer, *args) == 0
+    m = Manifest.read(out)
+    assert m.totals.documents_in_shards == 2 and m.totals.documents_retryable == 0
+    assert not [d for d in iter_quarantine(out / "quarantine") if d.reason == "retryable"]
