@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from formats import fs
 from formats.manifest import Manifest
 from formats.shards import PageInfo, ShardFile, list_shards
 from pipelines.assembly.summary import collect_visual_gain
@@ -70,18 +71,19 @@ def _draw_page(source: str, page: PageInfo, dpi: int = 60) -> bytes | None:
     from formats.records import Block, Page
     from parsing.visualize import draw_boxes
 
-    if not Path(source).is_file():
+    if not source or not fs.exists(source):
         return None
     blocks = tuple(Block(kind=b.kind, bbox=b.bbox, reading_order=i) for i, b in enumerate(page.blocks))
     record = Page("", page.page_index, page.width, page.height, blocks, parser=page.parser)
-    return draw_boxes(Path(source).read_bytes(), record, dpi=dpi)
+    return draw_boxes(fs.read_bytes(source), record, dpi=dpi)
 
 
-def write_report(out: Path, pages_with_boxes: int = 6, thumbs_per_kind: int = 8) -> Path:
+def write_report(out: str | Path, pages_with_boxes: int = 6, thumbs_per_kind: int = 8) -> str:
+    """Write ``OUT/report.html`` (OUT local or an object-store URL) and return its path."""
     manifest = Manifest.read(out)
     shard_files = list_shards(out)
     parts: list[str] = [
-        f"<h1>scifolio build report</h1><p>{html.escape(str(out.resolve()))} · "
+        f"<h1>scifolio build report</h1><p>{html.escape(str(out))} · "
         f"config {manifest.config_hash} · parser {html.escape(manifest.parser_version)}</p>"
     ]
 
@@ -174,6 +176,6 @@ def write_report(out: Path, pages_with_boxes: int = 6, thumbs_per_kind: int = 8)
         "td,th{border:1px solid #ddd;padding:2px 8px;text-align:left}.grid{display:flex;flex-wrap:wrap;gap:8px}"
         "figure{margin:0}</style></head><body>" + "".join(parts) + "</body></html>"
     )
-    path = out / "report.html"
-    path.write_text(doc)
+    path = fs.join(out, "report.html")
+    fs.write_text(path, doc)
     return path

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from formats import fs
 from formats.records import Page
 from formats.scores import VisualGainScore
 
@@ -48,32 +49,33 @@ class ReviewConfig:
 
 
 # -- scored page files ---------------------------------------------------------------------------
-def write_scored_pages(pages: Iterable[Page], path: str | Path) -> Path:
-    """Pages (carrying a ``VisualGainScore``) as one parquet file of ``Page.to_row()`` rows."""
+def write_scored_pages(pages: Iterable[Page], path: str | Path) -> str:
+    """Pages (carrying a ``VisualGainScore``) as one parquet file of ``Page.to_row()`` rows, committed whole
+    (local path or object-store URL)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist([p.to_row() for p in pages]), path)
-    return path
+    with fs.open_output(path) as f:
+        pq.write_table(pa.Table.from_pylist([p.to_row() for p in pages]), f)
+    return str(path)
 
 
 def read_scored_pages(root: str | Path) -> Iterator[Page]:
     """Every page with visual-gain scores in parquet files under ``root`` holding page rows."""
     import pyarrow.parquet as pq
 
-    root = Path(root)
-    files = [root] if root.is_file() else sorted(root.rglob("*.parquet"))
+    root = str(root)
+    files = [root] if root.endswith(".parquet") else fs.glob(fs.join(root, "**", "*.parquet"))
     for f in files:
-        pf = pq.ParquetFile(f)
-        if not PAGE_COLUMNS.issubset(pf.schema_arrow.names):
-            continue  # shards and other tables live beside page files
-        for batch in pf.iter_batches(batch_size=64):
-            for row in batch.to_pylist():
-                page = Page.from_row(row)
-                if "visual_gain" in page.scores:
-                    yield page
+        with fs.open_input(f) as fh:
+            pf = pq.ParquetFile(fh)
+            if not PAGE_COLUMNS.issubset(pf.schema_arrow.names):
+                continue  # shards and other tables live beside page files
+            for batch in pf.iter_batches(batch_size=64):
+                for row in batch.to_pylist():
+                    page = Page.from_row(row)
+                    if VisualGainScore.of(page) is not None:
+                        yield page
 
 
 # -- selection -----------------------------------------------------------------------------------

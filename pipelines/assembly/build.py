@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from formats import fs
 from formats.records import Document, Dropped, Page
 from formats.shards import (
     SCHEMA_VERSION,
@@ -267,35 +268,34 @@ def page_info(page: Page) -> PageInfo:
 
 
 class WorkStore:
-    """Per-document results on disk, written atomically; the ``.done`` marker is written last.
+    """Per-document results under ``root`` (a local path or an object-store URL), committed by a marker.
 
-    Layout: ``<root>/<doc_id[:2]>/<doc_id>.parquet`` (chunk rows in the shard schema), ``.dropped.jsonl``,
-    ``.done`` (stats JSON).
-    A document killed mid-write leaves at most a ``.tmp-*`` file and no marker, so it is redone.
+    Layout: ``<root>/<doc_id[:2]>/<doc_id>.parquet`` (chunk rows in the shard schema), ``.dropped.jsonl``, and
+    ``.done`` (stats JSON), written last. Each file is committed whole (a local temporary + rename, or one
+    object PUT), and only a document with its ``.done`` marker counts as finished: a document killed mid-write
+    leaves at most some files without the marker and is redone (rewriting them with the same bytes).
     """
 
     def __init__(self, root: str | os.PathLike[str]):
-        self.root = Path(root)
+        self.root = str(root)
 
-    def _base(self, doc_id: str) -> Path:
-        return self.root / doc_id[:2] / doc_id
+    def _base(self, doc_id: str) -> str:
+        return fs.join(self.root, doc_id[:2], doc_id)
 
     def done(self, doc_id: str) -> dict[str, Any] | None:
-        marker = self._base(doc_id).with_suffix(".done")
-        if not marker.is_file():
+        marker = self._base(doc_id) + ".done"
+        if not fs.exists(marker):
             return None
-        return json.loads(marker.read_text())
+        return json.loads(fs.read_text(marker))
 
     def save(self, result: DocResult) -> dict[str, Any]:
         if result.retryable:
             raise ValueError(f"{result.doc_id}: a retryable result is never saved as done")
         base = self._base(result.doc_id)
-        base.parent.mkdir(parents=True, exist_ok=True)
         if result.rows:
-            _atomic_write_table(base.with_suffix(".parquet"), pa.Table.from_pylist(result.rows, schema=SHARD_SCHEMA))
-        _atomic_write_text(
-            base.with_suffix(".dropped.jsonl"), "".join(json.dumps(d.to_row()) + "\n" for d in result.dropped)
-        )
+            with fs.open_output(base + ".parquet") as f:
+                pq.write_table(pa.Table.from_pylist(result.rows, schema=SHARD_SCHEMA), f, compression="zstd")
+        fs.write_text(base + ".dropped.jsonl", "".join(json.dumps(d.to_row()) + "\n" for d in result.dropped))
         summary = {
             "doc_id": result.doc_id,
             "source": result.source,
@@ -303,29 +303,17 @@ class WorkStore:
             "stats": result.stats,
             "finished_at": time.time(),
         }
-        _atomic_write_text(base.with_suffix(".done"), json.dumps(summary))
+        fs.write_text(base + ".done", json.dumps(summary))  # the commit marker, last
         return summary
 
     def dropped(self, doc_id: str) -> list[Dropped]:
-        path = self._base(doc_id).with_suffix(".dropped.jsonl")
-        if not path.is_file():
+        path = self._base(doc_id) + ".dropped.jsonl"
+        if not fs.exists(path):
             return []
-        return [Dropped.from_row(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+        return [Dropped.from_row(json.loads(line)) for line in fs.read_text(path).splitlines() if line.strip()]
 
-    def table_path(self, doc_id: str) -> Path:
-        return self._base(doc_id).with_suffix(".parquet")
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _atomic_write_table(path: Path, table: pa.Table) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
+    def table_path(self, doc_id: str) -> str:
+        return self._base(doc_id) + ".parquet"
 
 
 def shard_of(doc_id: str, n_shards: int) -> int:
@@ -341,7 +329,7 @@ def write_shard_from_docs(
     store: WorkStore, out_dir: str | os.PathLike[str], index: int, n_shards: int, doc_ids: Iterable[str]
 ) -> dict[str, Any]:
     """Stream the finished documents of one shard, sorted by doc_id, into one parquet file (committed whole)."""
-    writer = ShardWriter(os.path.join(str(out_dir), shard_name(index, n_shards)))
+    writer = ShardWriter(fs.join(out_dir, shard_name(index, n_shards)))
     for doc_id in sorted(set(doc_ids)):
         writer.write_table(read_table(store.table_path(doc_id)).sort_by("chunk_index"))
     return writer.close()

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pipelines.report import write_report
 
-    path = write_report(Path(args.dir), pages_with_boxes=args.pages)
+    path = write_report(args.dir, pages_with_boxes=args.pages)
     print(path)
     return 0
 

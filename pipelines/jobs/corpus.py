@@ -27,7 +27,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
@@ -64,16 +63,23 @@ PDF_SUFFIXES = (".pdf", ".PDF", ".Pdf")
 class JobPaths:
     out: str
 
-    @property
-    def shards(self) -> Path:
-        return Path(self.out) / SHARDS_DIR
+    """Where the job writes under ``out`` (a local path or an object-store URL: every write goes through
+    ``formats.fs``)."""
 
     @property
-    def quarantine(self) -> Path:
-        return Path(self.out) / QUARANTINE_DIR
+    def shards(self) -> str:
+        return fs.join(self.out, SHARDS_DIR)
 
-    def work(self, config_hash: str) -> Path:
-        return Path(self.out) / "_work" / config_hash
+    @property
+    def quarantine(self) -> str:
+        return fs.join(self.out, QUARANTINE_DIR)
+
+    def work(self, config_hash: str) -> str:
+        return fs.join(self.out, "_work", config_hash)
+
+    @property
+    def parts(self) -> str:
+        return fs.join(self.out, "_work", "parts.json")
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
@@ -345,12 +351,9 @@ def build_pipeline(
 
 
 def _write_parts(items: list[tuple[str, dict[str, Any]]], out: str) -> str:
-    path = Path(out) / "_work" / "parts.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"parts.json.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(sorted(items, key=lambda x: json.dumps(x, sort_keys=True))))
-    os.replace(tmp, path)
-    return str(path)
+    path = JobPaths(out).parts
+    fs.write_text(path, json.dumps(sorted(items, key=lambda x: json.dumps(x, sort_keys=True))))
+    return path
 
 
 def list_inputs(inputs: Sequence[str]) -> list[str]:
@@ -401,7 +404,7 @@ def run(
     options = PipelineOptions(list(beam_args))
     if "--runner" not in " ".join(beam_args):
         options.view_as(beam.options.pipeline_options.StandardOptions).runner = "DirectRunner"
-    os.makedirs(out, exist_ok=True) if "://" not in out else None
+    fs.makedirs(out)
     n_inputs = count_inputs(inputs)
     t0 = time.time()
     p = beam.Pipeline(options=options)
@@ -431,14 +434,14 @@ def write_manifest(
     elapsed_s: float,
 ) -> Manifest:
     paths = JobPaths(out)
-    parts = json.loads((Path(out) / "_work" / "parts.json").read_text())
+    parts = json.loads(fs.read_text(paths.parts))
     shards = sorted((ShardEntry(**e) for kind, e in parts if kind == "shard"), key=lambda e: e.file)
     quarantine = sorted((QuarantineEntry(**e) for kind, e in parts if kind == "quarantine"), key=lambda e: e.stage)
     # shards from an earlier run with another shard count are stale: remove them so the folder = manifest
     keep = {e.file for e in shards}
-    for stale in paths.shards.glob("shard-*.parquet"):
-        if stale.name not in keep:
-            stale.unlink()
+    for stale in fs.glob(fs.join(paths.shards, "shard-*.parquet")):
+        if os.path.basename(stale) not in keep:
+            fs.remove(stale)
     keep_q = {e.file for e in quarantine}
     for stale in quarantine_files(paths.quarantine):
         if os.path.basename(stale) not in keep_q:
@@ -449,7 +452,7 @@ def write_manifest(
     doc_level = {d.item_id for d in dropped if not is_page_id(d.item_id) and d.reason != "retryable"}
     retryable = {d.item_id for d in dropped if d.reason == "retryable"}
     failed = {d.item_id for d in dropped if d.item_id in doc_level and d.reason not in NOT_FAILURES}
-    shard_files = [str(paths.shards / e.file) for e in shards]
+    shard_files = [fs.join(paths.shards, e.file) for e in shards]
     docs_in_shards: set[str] = set()
     for f in shard_files:
         docs_in_shards |= ShardFile(f).doc_ids()

@@ -50,8 +50,8 @@ class BulkRefused(ValueError):
     """The bulk path cannot run against this index (Milvus Lite, non-empty collections, other shard layout)."""
 
 
-def _marker(state_dir: Path, source: str) -> Path:
-    return state_dir / (source.replace(os.sep, "__") + ".done")
+def _marker(state_dir: str, source: str) -> str:
+    return fs.join(state_dir, source.replace(os.sep, "__") + ".done")
 
 
 def pending_shards(cfg: IndexJobConfig) -> list[str]:
@@ -65,7 +65,7 @@ def pending_shards(cfg: IndexJobConfig) -> list[str]:
     for path in list_shards(cfg.out):
         rel = relative_name(path, cfg.out)
         m = _marker(cfg.resolved_state_dir, rel)
-        if m.exists() and json.loads(m.read_text()).get("sha256") == (known.get(rel) or file_sha256(path)):
+        if fs.exists(m) and json.loads(fs.read_text(m)).get("sha256") == (known.get(rel) or file_sha256(path)):
             continue
         pending.append(rel)
     return pending
@@ -82,7 +82,7 @@ class ReadCrops(beam.DoFn):
 
     def process(self, rel: str) -> Iterator:
         seen: set[str] = set()
-        for crop in iter_crops(os.path.join(shards_dir(self.out), rel), self.out):
+        for crop in iter_crops(fs.join(shards_dir(self.out), rel), self.out):
             if crop.sha256 in seen:  # chunk overlap repeats images; the first occurrence is the provenance
                 continue
             seen.add(crop.sha256)
@@ -194,8 +194,8 @@ class MarkDone(beam.DoFn):
 
     def process(self, item: tuple[str, Iterable[int]]) -> Iterator[str]:
         rel, counts = item
-        marker = _marker(Path(self.state_dir), rel)
-        sha = file_sha256(os.path.join(shards_dir(self.out), rel))
+        marker = _marker(self.state_dir, rel)
+        sha = file_sha256(fs.join(shards_dir(self.out), rel))
         fs.write_text(marker, json.dumps({"file": rel, "sha256": sha, "crops": int(sum(counts))}))
         self.done.inc()
         yield rel

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from formats import fs
 from retrieval.index import IndexConfig
 
 
@@ -37,9 +38,10 @@ class IndexJobConfig:
     """How long the driver waits for the bulk import tasks."""
 
     @property
-    def resolved_state_dir(self) -> Path:
+    def resolved_state_dir(self) -> str:
+        """Done markers: local path or object-store URL (``formats.fs``)."""
         if self.state_dir:
-            return Path(self.state_dir)
+            return self.state_dir
         if self.bulk_dir:  # markers mean "staged in bulk_dir", not "in the index": keep them with the files
-            return Path(self.bulk_dir) / ".index_state"
-        return Path(self.out) / "_index_state" / self.index.name
+            return str(Path(self.bulk_dir) / ".index_state")
+        return fs.join(self.out, "_index_state", self.index.name)

@@ -31,6 +31,7 @@ def visual_gain_config(args: argparse.Namespace) -> VisualGainSlot | None:
         return None
     import os
 
+    from formats import fs
     from visual_gain.scorer import VisualGainConfig
 
     return VisualGainSlot(
@@ -40,7 +41,7 @@ def visual_gain_config(args: argparse.Namespace) -> VisualGainSlot | None:
             local_files_only=os.path.isdir(args.visual_gain_model),
         ),
         thresholds_path=args.thresholds,
-        export_dir=os.path.join(args.out, "visual_gain"),
+        export_dir=fs.join(args.out, "visual_gain"),
     )
 
 
@@ -57,15 +58,11 @@ class VisualGainFilter:
         self.export_dir = slot.export_dir
 
     def _export(self, doc_id: str, pages: list[Page]) -> None:
-        """Scored pages of one document, written atomically (reruns overwrite with identical content)."""
-        import os
-        from pathlib import Path
-
+        """Scored pages of one document, committed whole (reruns overwrite with identical content)."""
+        from formats import fs
         from visual_gain.review import write_scored_pages
 
-        target = Path(self.export_dir) / doc_id[:2] / f"{doc_id}.parquet"
-        tmp = write_scored_pages(pages, target.with_name(f".{target.name}.tmp-{os.getpid()}"))
-        os.replace(tmp, target)
+        write_scored_pages(pages, fs.join(self.export_dir, doc_id[:2], f"{doc_id}.parquet"))
 
     def __call__(self, document: Document, pages: Sequence[Page]) -> tuple[list[Page], list[Dropped]]:
         from visual_gain.thresholds import domain_of, page_text

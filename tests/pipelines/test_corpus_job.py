@@ -98,7 +98,7 @@ def test_test_pipeline_builds_shards_and_quarantine(corpus: Path, tmp_path: Path
     # the report reads what the job wrote: crop thumbnails, the histogram, pages drawn with their boxes
     from pipelines.report import write_report
 
-    html = write_report(out, pages_with_boxes=2).read_text()
+    html = Path(write_report(out, pages_with_boxes=2)).read_text()
     assert "Tokens per chunk" in html and "<svg" in html and "figure" in html
     assert html.count("<figure>") == 2 and "open.not_pdf" in html
 
