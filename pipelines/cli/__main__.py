@@ -1,0 +1,5 @@
+"""`python -m pipelines.cli` = the `scifolio` command."""
+
+from pipelines.cli import main
+
+raise SystemExit(main())
