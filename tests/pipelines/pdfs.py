@@ -118,10 +118,14 @@ def hanging_pdf(n_pages: int = 1, hanging: tuple[int, ...] = (0,), depth: int = 
     first_page = form0 + depth
     for p in range(n_pages):
         page_obj, content_obj = first_page + 2 * p, first_page + 2 * p + 1
-        text = (
-            b"BT /F0 11 Tf 72 720 Td (Page %d of a document built to test the page timeout.) Tj " % (p + 1)
-            + b"0 -16 Td (The parser must give up on the pages that never finish drawing, and keep the rest.) Tj ET"
-        )
+        # body text in the middle of the page (a layout model takes lines at the very top for a header)
+        lines = [
+            b"Page %d of a document built to test the page timeout of the parser." % (p + 1),
+            b"The parser must give up on the pages that never finish drawing, and keep the others.",
+            b"A page that draws a form which draws the next form twice, forty levels deep, never ends.",
+            b"Every other page of the document carries ordinary text like this paragraph.",
+        ]
+        text = b"BT /F0 11 Tf 72 460 Td 14 TL " + b" ".join(b"(%s) Tj T*" % line for line in lines) + b" ET"
         draw = b" q /X0 Do Q" if p in hanging else b""
         objs[content_obj] = _stream(b"", text + draw)
         objs[page_obj] = (
