@@ -30,6 +30,12 @@ from parsing.worker import EOF, TIMEOUT, FrameReader, write_frame
 PARSER_VERSION = "parsing-2"
 """Bump whenever parser output changes for the same input and config (invalidates resumption)."""
 
+WORKER_START_TIMEOUT_S = 300.0
+"""A (re)started worker must import and load its backend within this; that time is not any page's."""
+FINISH_GRACE_S = 30.0
+"""Slack over the page timeout while the worker finishes pages: it enforces that timeout on its finisher
+processes itself (and restarts them), so the parent only steps in when the worker itself is stuck."""
+
 TEST_HANG_ENV = "SCIFOLIO_PARSE_TEST_HANG"
 """Test hook: ``open`` or ``page:N`` makes the worker hang there (exercises the timeouts)."""
 
@@ -160,15 +166,33 @@ class Parser:
             )
             finished = False
             window: list[int] = []
-            deadline = min(doc_deadline, time.monotonic() + config.page_timeout_s)  # opening the file
+            ready = False  # the worker has loaded its backend: from here on time is the document's
+            probing: int | None = None  # the page whose content stream the worker is reading, if any
+            page_s = config.page_timeout_s
+            deadline = min(doc_deadline, time.monotonic() + WORKER_START_TIMEOUT_S)
             try:
                 while True:
                     assert self._reader is not None
                     msg = self._reader.read(deadline)
                     if msg is TIMEOUT or msg is EOF:
                         self._kill()
+                        # The replacement loads its backend now, while the caller handles this document.
+                        self.warm(config)
                         crashed = msg is EOF
                         now = time.monotonic()
+                        if not ready and now < doc_deadline:  # nothing of the document was touched yet
+                            yield Dropped(
+                                doc_id,
+                                "open",
+                                "worker_error",
+                                {
+                                    "source": source,
+                                    "detail": "the parse worker "
+                                    + ("crashed while starting: " + self._log_tail() if crashed else "did not start")
+                                    + f" within {WORKER_START_TIMEOUT_S} s",
+                                },
+                            )
+                            return
                         if now >= doc_deadline:
                             missing = self._missing(document, done_pages)
                             yield Dropped(
@@ -195,6 +219,25 @@ class Parser:
                                 },
                             )
                             return
+                        if probing is not None and probing not in done_pages:
+                            # The worker was reading this page's content alone: it is the page that hangs.
+                            yield page_drop(
+                                probing,
+                                "crash" if crashed else "timeout",
+                                detail=self._log_tail()
+                                if crashed
+                                else f"page exceeded page_timeout_s={page_s} (reading its content)",
+                            )
+                            done_pages.add(probing)
+                            rest = [
+                                i
+                                for i in (pages if pages is not None else range(document.n_pages))
+                                if i not in done_pages
+                            ]
+                            if rest:
+                                queue.insert(0, (rest, window_size))
+                            finished = True
+                            break
                         pending = [i for i in window if i not in done_pages]
                         rest = [
                             i
@@ -221,18 +264,34 @@ class Parser:
                         finished = True
                         break
                     kind, payload = msg
-                    if kind == "doc":
+                    now = time.monotonic()
+                    if kind == "ready":
+                        ready = True
+                        deadline = min(doc_deadline, now + page_s)  # opening the file
+                    elif kind == "doc":
                         if document is None:
                             document = payload
                             yield payload
-                        deadline = min(doc_deadline, time.monotonic() + config.page_timeout_s)
+                        # Next the pages are probed, each under the page timeout that the worker enforces.
+                        deadline = min(doc_deadline, now + page_s + FINISH_GRACE_S)
+                    elif kind == "probe":
+                        probing = payload
+                        deadline = min(doc_deadline, now + page_s)
                     elif kind == "window":
-                        window = payload
-                        deadline = min(doc_deadline, time.monotonic() + config.page_timeout_s * len(window))
+                        probing, window = None, payload
+                        # The backend parses the window in one call: a page's time is not seen apart.
+                        deadline = min(doc_deadline, now + page_s * len(window))
+                    elif kind == "progress":
+                        deadline = min(doc_deadline, max(deadline, now + page_s + FINISH_GRACE_S))
+                    elif kind == "finishing":
+                        probing, window = None, payload
+                        deadline = min(doc_deadline, max(deadline, now + page_s + FINISH_GRACE_S))
                     elif kind in ("page", "dropped"):
                         if document is None:  # validation failed inside the worker
                             yield payload
                             continue
+                        # Progress: the next page the finishers hold has its own page timeout from now.
+                        deadline = min(doc_deadline, max(deadline, now + page_s + FINISH_GRACE_S))
                         idx = payload.page_index if kind == "page" else int(payload.item_id.rsplit(":", 1)[1])
                         if idx not in done_pages:
                             done_pages.add(idx)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from formats.records import Block, Document, Dropped, Page
@@ -63,6 +63,26 @@ def windows(page_indices: Sequence[int], size: int) -> Iterator[list[int]]:
         yield idx[s : s + size]
 
 
+def scan_pages(
+    doc: pymupdf.Document, window: Sequence[int], config: ParseConfig, on_page: Callable[[int], None] | None = None
+) -> set[int]:
+    """The pages of ``window`` that go to the OCR path (``is_scanned``), probed one page after the other.
+
+    The probe interprets the page's whole content stream, so a page whose content never ends (nested form
+    XObjects, a self-referencing stream) hangs here first: ``on_page(i)`` is called before page ``i`` is
+    probed, which lets the parent process name that page when it has to kill the worker.
+    """
+    if not config.ocr_fallback:
+        return set()
+    scans = set()
+    for i in window:
+        if on_page is not None:
+            on_page(i)
+        if is_scanned(doc[i]):
+            scans.add(i)
+    return scans
+
+
 def _hang_if(hook: str | None, where: str) -> None:
     """Test hook: ``SCIFOLIO_PARSE_TEST_HANG=open`` or ``page:N`` makes the worker hang there forever."""
     if hook == where:
@@ -77,10 +97,13 @@ def backend_window(
     window: Sequence[int],
     config: ParseConfig,
     backends: BackendSet,
+    scans: set[int] | None = None,
 ) -> list[tuple[int, ParsedPage | Dropped]]:
     """The layout backend's result for each page of ``window`` (ascending 0-based indices), in page order:
-    boxes without clean-up or crops (``finish_page`` adds those), or a Dropped for a page the backend failed."""
-    scans = {i for i in window if config.ocr_fallback and is_scanned(doc[i])}
+    boxes without clean-up or crops (``finish_page`` adds those), or a Dropped for a page the backend failed.
+    ``scans``: the window's scanned pages when the caller has already probed them (``scan_pages``)."""
+    if scans is None:
+        scans = scan_pages(doc, window, config)
     native = [i for i in window if i not in scans]
     results: dict[int, ParsedPage | Dropped] = {}
     if native:
@@ -134,13 +157,14 @@ def parse_window(
     config: ParseConfig,
     backends: BackendSet,
     hang: str | None = None,
+    scans: set[int] | None = None,
 ) -> Iterator[Page | Dropped]:
     """Parse the pages in ``window`` in this process, yielding Page or Dropped in page order.
 
     The worker runs the same two steps pipelined (``parsing.helpers``: clean-up and crops of one window in
     helper processes while the backend parses the next); this sequential form is for tests and debugging.
     """
-    for i, r in backend_window(doc, pdf_path, document, window, config, backends):
+    for i, r in backend_window(doc, pdf_path, document, window, config, backends, scans):
         _hang_if(hang, f"page:{i}")
         yield r if isinstance(r, Dropped) else finish_page(doc[i], document, r, config)
 

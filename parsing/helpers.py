@@ -86,6 +86,13 @@ def _finish(
     return finish_page(doc[index], document, parsed, config), rss_mb()
 
 
+def _probe(path: str, document: Document, index: int) -> tuple[bool, float]:
+    from parsing.core import is_scanned
+    from parsing.procs import rss_mb
+
+    return is_scanned(_doc(path, document.doc_id)[index]), rss_mb()
+
+
 def _lane_backends() -> BackendSet:
     global _backends
     if _backends is None:
@@ -123,6 +130,7 @@ class Helpers:
         self._n_lanes = 0
         self._path = ""
         self._document: Document | None = None
+        self._warming: list[Future[Any]] | None = None
 
     def _lane_pool(self, n: int) -> ProcessPoolExecutor:
         if self._lanes is None or self._n_lanes != n:
@@ -136,8 +144,23 @@ class Helpers:
         """Start the finishers now (each spawn imports PyMuPDF/NumPy/SciPy; not waited for: a page submitted
         meanwhile queues). Lanes start with the first document of several windows: most papers are one
         window, and a lane is a second copy of the backend."""
-        for _ in range(self.n):
-            self._finish.submit(_ready)
+        if self._warming is None:
+            self._warming = [self._finish.submit(_ready) for _ in range(self.n)]
+
+    def ready(self) -> bool:
+        """True once the finishers have started (imports done): from then on a page's time is its own."""
+        return self._warming is not None and all(f.done() for f in self._warming)
+
+    def restart_finishers(self) -> None:
+        """Kill the finisher processes (one of them is stuck on a page) and start fresh ones; every page they
+        held fails with ``BrokenProcessPool`` and must be submitted again."""
+        # ProcessPoolExecutor has no public way to stop a running call (Python 3.14 adds kill_workers()).
+        for proc in list(getattr(self._finish, "_processes", {}).values()):
+            proc.kill()
+        self._finish.shutdown(wait=False, cancel_futures=True)
+        self._finish = ProcessPoolExecutor(self.n, mp_context=self._ctx, initializer=_init_helper)
+        self._warming = None
+        self.warm()
 
     def open(self, path: str, document: Document) -> None:
         self._path, self._document = path, document
@@ -152,7 +175,21 @@ class Helpers:
     def finish(self, index: int, parsed: ParsedPage, config: ParseConfig, hang: str | None = None) -> Future[Any]:
         """``core.finish_page`` for one page, in a finisher process (FIFO)."""
         assert self._document is not None, "open() a document first"
+        self.warm()  # no-op once warm; otherwise the start-up goes first in the queue, where ready() sees it
         return self._finish.submit(_finish, self._path, self._document, index, parsed, config, hang)
+
+    def probe(self, index: int) -> Future[Any]:
+        """``core.is_scanned`` for one page, in a finisher process (FIFO with ``finish``)."""
+        assert self._document is not None, "open() a document first"
+        self.warm()
+        return self._finish.submit(_probe, self._path, self._document, index)
+
+    def wait_ready(self) -> None:
+        """Start the finishers if needed and wait until they have (spawn + imports: seconds)."""
+        self.warm()
+        assert self._warming is not None
+        for f in self._warming:
+            f.result()
 
     def close(self) -> None:
         for pool in (self._lanes, self._finish):

@@ -12,8 +12,11 @@ finisher processes while the backend parses the next windows (``parsing.helpers`
 Messages parent -> worker: a job {"data", "source", "config", "pages", "window", "workdir", "hang"} (answered
 with the messages below, ending with "done"), or {"warm": ParseConfig} (load the backend, start the helpers;
 no answer).
-Messages worker -> parent: ("doc", Document) | ("dropped", Dropped) | ("window", [pages in flight])
-| ("page", Page) | ("fatal", message) | ("error", traceback) | ("done", rss_mb).
+Messages worker -> parent: ("ready", None) (backend loaded: the job's clock starts) | ("doc", Document)
+| ("dropped", Dropped) | ("probe", page) (its content stream is being read here) | ("progress", page) (a helper
+has read it) | ("window", [pages in flight])
+| ("finishing", [pages the finishers still hold]) | ("page", Page) | ("fatal", message) | ("error", traceback)
+| ("done", rss_mb).
 """
 
 from __future__ import annotations
@@ -95,11 +98,17 @@ def run_job(job: dict[str, Any], backends: Any, send: Any, helpers: Any = None) 
     """One job: a document (bytes) and the pages to parse (None = all), in windows. Returns the largest
     resident memory of a helper process in MB (0 when ``helpers`` is None: everything runs in-process)."""
     from formats.records import Dropped
-    from parsing.core import _hang_if, parse_window, windows
+    from parsing.core import _hang_if, parse_window, scan_pages, windows
     from parsing.validate import open_pdf
 
     config = job["config"]
     hang = job.get("hang")
+    # Loading the backend (a restarted worker does it here) is start-up, not the document's time: the parent's
+    # page and open timeouts start counting at "ready".
+    backends.get(config.backend, config.tier)
+    if helpers is not None:
+        helpers.wait_ready()
+    send(("ready", None))
     _hang_if(hang, "open")
     opened = open_pdf(job["data"], job["source"], config.limits)
     if isinstance(opened, Dropped):
@@ -116,14 +125,73 @@ def run_job(job: dict[str, Any], backends: Any, send: Any, helpers: Any = None) 
     try:
         if helpers is None:
             for window in windows(pages, size):
+                scans = scan_pages(doc, window, config, lambda i: send(("probe", i)))
                 send(("window", window))
-                for rec in parse_window(doc, pdf_path, document, window, config, backends, hang):
+                for rec in parse_window(doc, pdf_path, document, window, config, backends, hang, scans):
                     send(("page" if not isinstance(rec, Dropped) else "dropped", rec))
             return 0.0
         return _pipelined(doc, pdf_path, document, list(windows(pages, size)), config, backends, helpers, hang, send)
     finally:
         doc.close()
         Path(pdf_path).unlink(missing_ok=True)
+
+
+TIMED_OUT = object()
+"""What a tracked helper call resolves to when it ran past the page timeout (its process was killed)."""
+
+
+class _Tracker:
+    """Calls in the finisher pool, each with the time it was first seen executing; ``reap`` enforces the page
+    timeout on them. A page whose call runs longer (a content stream or render that never ends) resolves to
+    TIMED_OUT: the finishers are killed and restarted and the calls they held are submitted again, so the
+    worker (and the backend's work on the document) lives on."""
+
+    def __init__(self, helpers: Any, timeout_s: float) -> None:
+        self.helpers = helpers
+        self.timeout_s = timeout_s
+        self.live: list[list[Any]] = []  # [submit, Future | TIMED_OUT, first seen executing], submission order
+
+    def submit(self, call: Any) -> list[Any]:
+        entry = [call, call(), None]
+        self.live.append(entry)
+        return entry
+
+    def reap(self) -> None:
+        from concurrent.futures import Future
+
+        self.live = [e for e in self.live if isinstance(e[1], Future) and not e[1].done()]
+        if not self.helpers.ready():
+            return  # finishers still starting (after a restart): no page's clock runs yet
+        now = time.monotonic()
+        stuck = []
+        # The pool hands out work in submission order: the first n unfinished calls are the ones executing.
+        for e in self.live[: self.helpers.n]:
+            if e[2] is None:
+                e[2] = now  # the clock starts when first seen executing, never earlier than the call did
+            elif now - e[2] > self.timeout_s:
+                stuck.append(e)
+        if not stuck:
+            return
+        self.helpers.restart_finishers()
+        for e in self.live:
+            if any(e is s for s in stuck):
+                e[1] = TIMED_OUT
+            elif not e[1].done() or e[1].cancelled() or e[1].exception() is not None:
+                e[1], e[2] = e[0](), None  # lost with the killed finishers
+        self.live = [e for e in self.live if e[1] is not TIMED_OUT]
+
+    def done(self, entry: list[Any]) -> bool:
+        return entry[1] is TIMED_OUT or entry[1].done()
+
+    def wait(self, entry: list[Any]) -> Any:
+        """The call's (result, rss_mb), or TIMED_OUT."""
+        from concurrent.futures import wait
+
+        while not self.done(entry):
+            self.reap()
+            if not self.done(entry):
+                wait([entry[1]], timeout=0.25)
+        return entry[1] if entry[1] is TIMED_OUT else entry[1].result()
 
 
 def _pipelined(
@@ -139,35 +207,70 @@ def _pipelined(
 ) -> float:
     """Windows go to the backend in groups of ``1 + config.backend_lanes``, the first here, the others in the
     helpers' lanes; the finishers clean up and crop each window's pages while the backend parses the next
-    group. Records go out in page order."""
-    from concurrent.futures import Future
+    group. Records go out in page order.
+
+    Every page is first probed (``core.is_scanned``: it reads the page's whole content stream) in a finisher,
+    and finished (clean-up, crops, renders) in one, both under the page timeout (``_Tracker``): a page whose
+    content or render never ends costs the page timeout plus a restart of the finishers, and never reaches
+    the backend. The parent's own deadlines only catch what hangs in this process (the backend itself)."""
     from concurrent.futures.process import BrokenProcessPool
 
     from formats.records import Dropped
     from parsing.core import backend_window
 
-    outbox: deque[tuple[int, Any]] = deque()  # (page, Future | Dropped) in page order
+    tracker = _Tracker(helpers, config.page_timeout_s)
+    outbox: deque[tuple[int, Any]] = deque()  # (page, tracker entry | Dropped) in page order
     peak = 0.0
 
-    def result(fut: Future[Any]) -> Any:
+    def timeout_drop(i: int, where: str) -> Dropped:
+        return Dropped(
+            f"{document.doc_id}:{i}",
+            "parse",
+            "timeout",
+            {"source": document.source, "detail": f"page exceeded page_timeout_s={config.page_timeout_s} ({where})"},
+        )
+
+    def resolved(entry: list[Any], i: int, where: str) -> Any:
         nonlocal peak
-        value, rss = fut.result()
+        out = tracker.wait(entry)
+        if out is TIMED_OUT:
+            return timeout_drop(i, where)
+        value, rss = out
         peak = max(peak, rss)
         return value
 
     def enqueue(parsed: list[tuple[int, Any]]) -> None:
         for i, r in parsed:
-            outbox.append((i, r if isinstance(r, Dropped) else helpers.finish(i, r, config, hang)))
+            if not isinstance(r, Dropped):
+                r = tracker.submit(lambda i=i, r=r: helpers.finish(i, r, config, hang))
+            outbox.append((i, r))
 
     def emit(block: bool) -> None:
         while outbox:
-            _, item = outbox[0]
-            if isinstance(item, Future):
-                if not block and not item.done():
+            i, item = outbox[0]
+            if not isinstance(item, Dropped):
+                if not block and not tracker.done(item):
+                    tracker.reap()
                     return
-                item = result(item)
+                item = resolved(item, i, "rendering it")
             outbox.popleft()
             send(("dropped" if isinstance(item, Dropped) else "page", item))
+
+    def probe(window: list[int]) -> tuple[set[int], list[tuple[int, Dropped]]]:
+        """Scanned pages of ``window`` and a timeout Dropped for each page whose content never ends."""
+        if not config.ocr_fallback:
+            return set(), []
+        entries = [(i, tracker.submit(lambda i=i: helpers.probe(i))) for i in window]
+        scans, hung = set(), []
+        for i, entry in entries:
+            r = resolved(entry, i, "reading its content")
+            if isinstance(r, Dropped):
+                hung.append((i, r))
+            elif r:
+                scans.add(i)
+            send(("progress", i))
+            emit(block=False)
+        return scans, hung
 
     helpers.open(pdf_path, document)
     try:
@@ -175,13 +278,19 @@ def _pipelined(
         for k in range(0, len(page_windows), group):
             mine, *others = page_windows[k : k + group]
             lanes = [helpers.backend(w, config) for w in others]
+            scans, hung = probe(mine)
+            mine = [i for i in mine if i not in dict(hung)]
             # The parent's deadline covers the pages the finishers still hold plus this group's windows.
             send(("window", [i for i, _ in outbox] + [i for w in (mine, *others) for i in w]))
-            enqueue(backend_window(doc, pdf_path, document, mine, config, backends))
+            parsed = backend_window(doc, pdf_path, document, mine, config, backends, scans) if mine else []
+            enqueue(sorted(parsed + hung, key=lambda x: x[0]))
             emit(block=False)
             for lane in lanes:
-                enqueue(result(lane))
+                parsed, rss = lane.result()
+                peak = max(peak, rss)
+                enqueue(parsed)
                 emit(block=False)
+        send(("finishing", [i for i, _ in outbox]))
         emit(block=True)
     except BrokenProcessPool:  # a helper died (e.g. MuPDF crashed on a page): crash as the worker would have
         sys.stderr.write(traceback.format_exc(limit=4))
@@ -189,8 +298,8 @@ def _pipelined(
         os._exit(70)  # the parent sees EOF and retries the pages in flight one by one
     finally:
         for _, item in outbox:  # only after an error: do not finish pages nobody will read
-            if isinstance(item, Future):
-                item.cancel()
+            if isinstance(item, list) and item[1] is not TIMED_OUT:
+                item[1].cancel()
     return peak
 
 

@@ -76,3 +76,110 @@ def write_corpus(folder: Path) -> Path:
     (folder / "notes.pdf").write_bytes(b"these are plain-text notes, not a PDF\n" * 10)
     (folder / "README.txt").write_text("not part of the corpus: directory inputs take PDFs only\n")
     return folder
+
+
+# ----------------------------------------------------------------------------------------- hostile inputs
+def _raw_pdf(objs: dict[int, bytes], root: int = 1) -> bytes:
+    """A classic PDF (header, objects, xref table, trailer) from numbered object bodies."""
+    out = bytearray(b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n")
+    offsets = {}
+    for n in sorted(objs):
+        offsets[n] = len(out)
+        out += b"%d 0 obj\n" % n + objs[n] + b"\nendobj\n"
+    size = max(objs) + 1
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % size
+    for n in range(1, size):
+        out += (b"%010d 00000 n \n" % offsets[n]) if n in offsets else b"0000000000 65535 f \n"
+    out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (size, root, xref)
+    return bytes(out)
+
+
+def _stream(dict_body: bytes, data: bytes) -> bytes:
+    return b"<< " + dict_body + b" /Length %d >>\nstream\n" % len(data) + data + b"\nendstream"
+
+
+def hanging_pdf(n_pages: int = 1, hanging: tuple[int, ...] = (0,), depth: int = 40) -> bytes:
+    """A PDF whose pages in ``hanging`` never finish drawing: each draws a form XObject that draws the next one
+    twice, ``depth`` levels deep (2^(depth-1) fills: MuPDF's text extraction and rendering, and pdfium, run
+    for days on depth 40; depth 20 takes seconds). The other pages carry ordinary text. No hook involved: it
+    is the "billion laughs" of PDF, a file as a hostile crawler result could be."""
+    objs: dict[int, bytes] = {
+        1: b"<< /Type /Catalog /Pages 2 0 R >>",
+        3: b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    }
+    form0 = 10
+    for k in range(depth):
+        last = k == depth - 1
+        body = b"0 0 1 1 re f" if last else b"q 0.5 0 0 0.5 0 0 cm /X0 Do Q q 0.5 0 0 0.5 306 396 cm /X0 Do Q"
+        res = b"<< >>" if last else b"<< /XObject << /X0 %d 0 R >> >>" % (form0 + k + 1)
+        objs[form0 + k] = _stream(b"/Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources " + res, body)
+    kids = []
+    first_page = form0 + depth
+    for p in range(n_pages):
+        page_obj, content_obj = first_page + 2 * p, first_page + 2 * p + 1
+        # body text in the middle of the page (a layout model takes lines at the very top for a header)
+        lines = [
+            b"Page %d of a document built to test the page timeout of the parser." % (p + 1),
+            b"The parser must give up on the pages that never finish drawing, and keep the others.",
+            b"A page that draws a form which draws the next form twice, forty levels deep, never ends.",
+            b"Every other page of the document carries ordinary text like this paragraph.",
+        ]
+        text = b"BT /F0 11 Tf 72 460 Td 14 TL " + b" ".join(b"(%s) Tj T*" % line for line in lines) + b" ET"
+        draw = b" q /X0 Do Q" if p in hanging else b""
+        objs[content_obj] = _stream(b"", text + draw)
+        objs[page_obj] = (
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R " % content_obj
+            + b"/Resources << /Font << /F0 3 0 R >> /XObject << /X0 %d 0 R >> >> >>" % form0
+        )
+        kids.append(b"%d 0 R" % page_obj)
+    objs[2] = b"<< /Type /Pages /Kids [" + b" ".join(kids) + b"] /Count %d >>" % n_pages
+    return _raw_pdf(objs)
+
+
+def zero_pages_pdf() -> bytes:
+    return _raw_pdf({1: b"<< /Type /Catalog /Pages 2 0 R >>", 2: b"<< /Type /Pages /Kids [] /Count 0 >>"})
+
+
+def huge_page_pdf(side_pt: float = 20_000 * 72) -> bytes:
+    """One page of 20,000 in × 20,000 in (rendering it at crop DPI would need terabytes)."""
+    content = _stream(b"", b"BT /F0 12 Tf 72 72 Td (A very large page.) Tj ET")
+    page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 %d %d] /Contents 4 0 R >>" % (side_pt, side_pt)
+    return _raw_pdf(
+        {1: b"<< /Type /Catalog /Pages 2 0 R >>", 2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>", 3: page, 4: content}
+    )
+
+
+def encrypted_pdf(tmp: Path) -> bytes:
+    import pymupdf
+
+    write_paper(tmp, n_pages=1, seed=7)
+    doc = pymupdf.open(tmp)
+    data = doc.tobytes(encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw="secret", owner_pw="owner")
+    doc.close()
+    return data
+
+
+def write_hostile(folder: Path) -> dict[str, tuple[str, int]]:
+    """Hostile files, each with the reason it must be quarantined for and its number of hanging pages:
+    file name -> (stage.reason, hanging pages)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    good = write_paper(folder / ".good.tmp", n_pages=2, seed=11).read_bytes()
+    files = {
+        "hang_one_page.pdf": (hanging_pdf(1, (0,)), "parse.timeout", 1),
+        "hang_page_2_of_3.pdf": (hanging_pdf(3, (1,)), "parse.timeout", 1),
+        "corrupt.pdf": (b"%PDF-1.7\n" + bytes(range(256)) * 40 + b"\n%%EOF\n", "open.corrupt", 0),
+        "truncated.pdf": (good[: len(good) // 2], "open.truncated", 0),
+        "encrypted.pdf": (encrypted_pdf(folder / ".enc.tmp"), "open.encrypted", 0),
+        "zero_pages.pdf": (zero_pages_pdf(), "open.zero_pages", 0),
+        "huge_page.pdf": (huge_page_pdf(), "open.page_too_large", 0),
+        "empty.pdf": (b"", "open.empty", 0),
+        "not_a_pdf.pdf": (b"<html><body>404 not found</body></html>\n" * 20, "open.not_pdf", 0),
+    }
+    for tmp in (".good.tmp", ".enc.tmp"):
+        (folder / tmp).unlink(missing_ok=True)
+    out = {}
+    for name, (data, reason, hanging) in files.items():
+        (folder / name).write_bytes(data)
+        out[name] = (reason, hanging)
+    return out
