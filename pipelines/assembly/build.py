@@ -39,6 +39,7 @@ from formats.shards import (
     shard_name,
 )
 from pipelines.assembly.chunk import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, chunk_document
+from pipelines.assembly.dedup import DedupConfig
 from pipelines.assembly.interleave import ImageTokenRule, Tokenizer, interleave_document
 
 # A page filter is the visual-gain slot: it receives a document's parsed pages (with the Document for its
@@ -64,6 +65,8 @@ class BuildConfig:
     """parsing.ParseConfig; kept as Any so this module imports without the parser's dependencies."""
     visual_gain: Any = None
     """The visual-gain stage's config, or None when pages pass unscored."""
+    dedup: DedupConfig | None = field(default_factory=DedupConfig)
+    """Near-duplicate removal over the first pages' text layer before parsing; None turns it off."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.overlap < self.max_tokens:

@@ -51,9 +51,10 @@ class DedupConfig:
     """Documents with fewer words (scans without a text layer, covers) get no signature and are never merged."""
     seed: int = 1
     """MinHash seed: signatures are comparable only under the same seed and num_perm."""
-    text_timeout_s: float = 10.0
+    text_timeout_s: float = 2.0
     """Reading the first pages' text runs in a killed-on-timeout child process (a hostile PDF can make MuPDF
-    spin forever); such a document gets no signature here and meets the parser's page timeout later."""
+    spin forever; a normal paper's first pages read in well under 0.1 s); such a document gets no signature here
+    and meets the parser's page timeout later, so a hanging file costs this plus one page timeout."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:

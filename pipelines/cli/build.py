@@ -16,6 +16,7 @@ from pipelines.cli.parse import _add_parse_options, _parse_config
 
 def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.assembly.build import BuildConfig, RetryPolicy
+    from pipelines.assembly.dedup import DedupConfig
     from pipelines.assembly.interleave import ImageTokenRule
     from pipelines.jobs.corpus import run
     from pipelines.jobs.stages import visual_gain_config
@@ -34,6 +35,7 @@ def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
             docs_per_shard=args.docs_per_shard,
             parse=_parse_config(args, args.page_render_dpi if args.page_renders else None),
             visual_gain=visual_gain_config(args),
+            dedup=None if args.no_dedup else DedupConfig(threshold=args.dedup_threshold),
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -161,6 +163,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--retry-backoff", type=float, default=backoff, help=f"seconds before the first retry (default {backoff})"
     )
     _add_parse_options(b)
+    from pipelines.assembly.dedup import DedupConfig
+
+    dd = b.add_argument_group("near-duplicates")
+    thr = default(DedupConfig, "threshold")
+    dd.add_argument(
+        "--dedup-threshold",
+        type=float,
+        default=thr,
+        help=f"MinHash Jaccard estimate over the first pages' word {default(DedupConfig, 'shingle_words')}-grams at "
+        f"or above which two documents are one paper: the smallest doc_id is kept, the others become "
+        f"dedup/near_duplicate dead letters naming it (default {thr}; other fields: --set dedup.first_pages=…)",
+    )
+    dd.add_argument("--no-dedup", action="store_true", help="keep near-duplicate documents")
     vg = b.add_argument_group("visual gain")
     vg.add_argument(
         "--visual-gain-model",

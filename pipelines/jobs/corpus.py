@@ -307,8 +307,20 @@ def build_pipeline(
         | "ByDocId" >> beam.GroupByKey()
         | "Dedupe" >> beam.FlatMap(dedupe).with_outputs("dropped", main="docs")
     )
+    to_build, near_dropped = unique.docs, None
+    if config.dedup is not None:  # near-duplicates (the same paper as other bytes) go before any parsing
+        from pipelines.jobs.dedup import FirstPagesText, NearDuplicates
+
+        texts = unique.docs | "FirstPagesText" >> beam.ParDo(FirstPagesText(config.dedup))
+        near = texts | "NearDuplicates" >> NearDuplicates(config.dedup)
+        near_dropped = near["dropped"]
+        to_build = (
+            {"path": unique.docs, "kept": near["kept"] | "KeptKey" >> beam.Map(lambda d: (d, True))}
+            | "JoinKept" >> beam.CoGroupByKey()
+            | "OnlyKept" >> beam.FlatMap(lambda kv: [(kv[0], kv[1]["path"][0])] if kv[1]["kept"] else [])
+        )
     processed = (
-        unique.docs
+        to_build
         | "Spread" >> beam.Reshuffle()
         | "ProcessDocument"
         >> beam.ParDo(ProcessDocument(config, work_root, parser_version, progress_total, retry)).with_outputs(
@@ -332,7 +344,7 @@ def build_pipeline(
     )
     # ----- dead letters: one sorted jsonl per stage -----
     dropped = (
-        (hashed.dropped, unique.dropped, processed.dropped)
+        (hashed.dropped, unique.dropped, processed.dropped, *([near_dropped] if near_dropped is not None else []))
         | "AllDropped" >> beam.Flatten()
         | "ByStage" >> beam.Map(lambda row: (row["stage"], row))
         | "GroupStage" >> beam.GroupByKey()

@@ -29,6 +29,23 @@ def _raster_png(w: int = 320, h: int = 200, seed: int = 0) -> bytes:
     return buf.getvalue()
 
 
+_WORDS = (
+    "film oxide grain boundary diffusion anneal conductivity mobility carrier density substrate lattice strain "
+    "phonon scattering spectrum peak width model parameter energy activation barrier defect vacancy dopant "
+    "thickness deposition pressure surface roughness interface contact resistance voltage hysteresis stability "
+    "crystal phase transition magnetic susceptibility entropy electron recombination lifetime absorption band gap"
+).split()
+
+
+def prose(seed: int, n_words: int = 90) -> str:
+    """Seeded scientific-sounding text: each paper its own words, so different papers are not near-duplicates."""
+    import random
+
+    rng = random.Random(seed)
+    words = [rng.choice(_WORDS) for _ in range(n_words)]
+    return " ".join(" ".join(words[i : i + 12]).capitalize() + "." for i in range(0, n_words, 12))
+
+
 def write_paper(path: Path, n_pages: int = 2, seed: int = 0) -> Path:
     import pymupdf
 
@@ -39,7 +56,7 @@ def write_paper(path: Path, n_pages: int = 2, seed: int = 0) -> Path:
         page.insert_text((72, y), f"Section {p + 1}: Results of experiment {seed}", fontsize=14)
         y += 20
         rect = pymupdf.Rect(72, y, 540, y + 150)
-        page.insert_textbox(rect, (LOREM * 2) + f" Paper {seed}, page {p}.", fontsize=10)
+        page.insert_textbox(rect, LOREM + prose(seed * 100 + p) + f" Paper {seed}, page {p}.", fontsize=10)
         y += 160
         fig = pymupdf.Rect(150, y, 462, y + 190)
         page.insert_image(fig, stream=_raster_png(seed=seed + p))
@@ -59,7 +76,7 @@ def write_paper(path: Path, n_pages: int = 2, seed: int = 0) -> Path:
         y += rows * rh + 30
         page.insert_text((200, y), "sigma(T) = sigma_0 exp(-E_a / k_B T)        (1)", fontsize=12)
         y += 30
-        page.insert_textbox(pymupdf.Rect(72, y, 540, y + 120), LOREM, fontsize=10)
+        page.insert_textbox(pymupdf.Rect(72, y, 540, y + 120), prose(seed * 100 + p + 50, 60), fontsize=10)
     doc.save(path)
     doc.close()
     return path

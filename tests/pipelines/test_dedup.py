@@ -179,3 +179,26 @@ def test_decontamination_reports_each_benchmark_hit():
 def test_lsh_bands_fit_the_threshold(threshold):
     b, r = DedupConfig(threshold=threshold).bands
     assert b * r <= 128 and abs((1 / b) ** (1 / r) - threshold) < 0.08
+
+
+def test_the_corpus_job_drops_the_near_duplicate_and_keeps_other_papers(tmp_path: Path, tiny_tokenizer: str):
+    """Through ``scifolio build``: a preprint and its publisher PDF (same text, other fonts/margins/template)
+    become one document, a different paper in the same template stays."""
+    from formats.manifest import Manifest
+    from formats.quarantine import iter_quarantine
+    from pipelines.cli import main
+
+    pdfs = tmp_path / "pdfs"
+    pdfs.mkdir()
+    preprint = write_pdf(pdfs / "preprint.pdf", paper_pages(seed=1), font="helv", size=10, margin=72)
+    published = write_pdf(pdfs / "published.pdf", paper_pages(seed=1), font="tiro", size=9, margin=60, template=True)
+    other = write_pdf(pdfs / "other.pdf", paper_pages(seed=2), font="tiro", size=9, margin=60, template=True)
+    out = tmp_path / "out"
+    argv = ["build", str(pdfs), "--out", str(out), "--tokenizer", tiny_tokenizer, "--backend", "pymupdf"]
+    assert main([*argv, "--no-progress", "--direct_running_mode=in_memory", "--direct_num_workers=1"]) == 0
+    m = Manifest.read(out)
+    assert m.totals.documents_in_shards == 2 and m.totals.documents_failed == 0
+    dropped = [d for d in iter_quarantine(out / "quarantine") if d.reason == "near_duplicate"]
+    kept = min(_sha(preprint), _sha(published))
+    assert [(d.item_id, d.detail["kept"]) for d in dropped] == [(max(_sha(preprint), _sha(published)), kept)]
+    assert _sha(other) not in {d.item_id for d in dropped}

@@ -52,6 +52,7 @@ def _build(inputs: Path, out: Path, tokenizer: str) -> float:
     env.pop("SCIFOLIO_PARSE_TEST_HANG", None)
     args = ["build", str(inputs), "--out", str(out), "--tokenizer", tokenizer, "--backend", "pymupdf"]
     args += ["--page-timeout", str(PAGE_TIMEOUT), "--max-tokens", "512", "--overlap", "32", "--no-progress"]
+    args += ["--max-error-rate", "1"]  # the hanging file is a content failure on purpose
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=ROOT, env=env, capture_output=True)
     assert proc.returncode == 0, proc.stdout.decode()[-3000:] + proc.stderr.decode()[-3000:]
