@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(ROWS), help=f"comma-separated rows to run (default: {','.join(ROWS)})")
     ap.add_argument("-v", "--verbose", action="store_true", help="per-file matched counts")
     ap.add_argument("--draw", type=Path, default=None, help="write scifolio's pages with boxes drawn here")
+    ap.add_argument("--dump", type=Path, default=None, help="write every row's predicted boxes to this JSON file")
     args = ap.parse_args(argv)
     if not (args.folder / "truth").is_dir():
         print(f"skip: {args.folder}/truth not found (the development set is not part of the repository)")
@@ -184,11 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     wanted = {r["pdf"] for r in refs}
     files = [f for f in files if f.name in wanted]
     results = {}
+    dumped = {}
     for name in args.only.split(","):
         preds, pages, secs = RUNNERS[name](files, args.draw)
+        dumped[name] = preds
         if args.verbose:
             print(f"  {name}:")
         results[name] = (score(refs, preds, args.verbose), pages, secs)
+    if args.dump is not None:
+        args.dump.write_text(json.dumps(dumped))
     print(f"{len(files)} PDFs, {results[next(iter(results))][1]} pages, IoU >= 0.5")
     print(table(results))
     return 0

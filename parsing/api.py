@@ -27,7 +27,7 @@ from formats.records import Document, Dropped, Page, sha256_hex
 from parsing.validate import quick_checks
 from parsing.worker import EOF, TIMEOUT, FrameReader, write_frame
 
-PARSER_VERSION = "parsing-2"
+PARSER_VERSION = "parsing-3"
 """Bump whenever parser output changes for the same input and config (invalidates resumption)."""
 
 TEST_HANG_ENV = "SCIFOLIO_PARSE_TEST_HANG"

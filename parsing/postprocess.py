@@ -19,6 +19,8 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING
 
+from formats.records import CROPPED_KINDS, Block
+from parsing import layout_rules as rules
 from parsing.geometry import (
     BBox,
     any_contained,
@@ -35,7 +37,6 @@ from parsing.geometry import (
     union,
     vertical_gap,
 )
-from formats.records import CROPPED_KINDS, Block
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,9 +56,10 @@ _SPLIT_GAP = 0.02
 _MIN_PIECE = 0.05
 
 
-def page_elements(page: pymupdf.Page) -> tuple[list[BBox], list[BBox], list[bool]]:
+def page_elements(page: pymupdf.Page, text: dict | None = None) -> tuple[list[BBox], list[BBox], list[bool]]:
     """What is drawn on the page: (image and vector-path boxes from the drawing log, text-line boxes,
-    per graphic whether it is a vector path)."""
+    per graphic whether it is a vector path). ``text``: the page's ``get_text("dict", flags=0)`` when the
+    caller has it."""
     graphics: list[BBox] = []
     paths: list[bool] = []
     for kind, rect in page.get_bboxlog():
@@ -69,7 +71,9 @@ def page_elements(page: pymupdf.Page) -> tuple[list[BBox], list[BBox], list[bool
             graphics.append(tuple(rect))  # type: ignore[arg-type]
             paths.append(kind.endswith("-path"))
     lines: list[BBox] = []
-    for block in page.get_text("dict", flags=0)["blocks"]:
+    if text is None:
+        text = page.get_text("dict", flags=0)
+    for block in text["blocks"]:
         for line in block.get("lines", []):
             b = tuple(line["bbox"])
             if b[2] > b[0] and b[3] > b[1]:
@@ -219,11 +223,20 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayLi
 
     w, h = page.rect.width, page.rect.height
     blocks = [b for b in blocks if area(b.bbox) >= _MIN_AREA]
-    graphics, lines, paths = page_elements(page)
+    text = page.get_text("dict", flags=0)
+    graphics, lines, paths = page_elements(page, text)
+    info = rules.page_info(page, graphics, paths, text)
     heights = sorted(ln[3] - ln[1] for ln in lines)
     line_h = heights[len(heights) // 2] if heights else 10.0
+    blocks = rules.fix_visual_kinds(blocks, info)
+    blocks = rules.demote_text_visuals(page, blocks, info)
+    blocks = rules.demote_prose_equations(blocks, info)
+    blocks = rules.add_raster_figures(blocks, info)
     blocks = add_captioned_frames(blocks, graphics, paths, w, h)
     blocks = add_vector_figures(blocks, graphics, paths, lines, line_h, w, h)
+    blocks = rules.grow_tables(blocks, info)
+    blocks = rules.add_numbered_equations(blocks, info)
+    blocks = rules.merge_equation_lines(blocks, info)
     by_order = {b.reading_order: b for b in blocks}
     # Links as object references while blocks are replaced, split and merged.
     link: dict[int, Block | None] = {id(b): by_order.get(b.caption_of) for b in blocks if b.caption_of is not None}
@@ -275,6 +288,7 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayLi
                 old, b = b, dataclasses.replace(b, text=text)
                 replaced.put(old, [b])
         out.append(b)
+    out = [b for b in out if not rules.is_furniture(b, out, info)]
     return _renumber(out, link, replaced, h)
 
 
