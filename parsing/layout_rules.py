@@ -53,6 +53,7 @@ _TABLE_LABEL = re.compile(r"^\s*(table|tab\.|tabelle)\s*[0-9IVX]", re.I)
 _CAPTION_LABEL = re.compile(
     r"^\s*(figure|fig\.|fig\s|table|tab\.|scheme|chart|plate|exhibit|algorithm|listing|abbildung|abb\.|tabelle)", re.I
 )
+_TEXT_KINDS = frozenset({"text", "title", "list", "other", "caption"})
 _MIN_IMAGE_SIDE = 28.0
 """A raster image smaller than this (points) on either side is an icon, a glyph or an inline mark."""
 _MARGIN = 0.09
@@ -360,26 +361,40 @@ def add_numbered_equations(blocks: list[Block], info: PageInfo) -> list[Block]:
 
 
 def grow_tables(blocks: list[Block], info: PageInfo) -> list[Block]:
-    """A table box grows over vector paths (cell fills, rules) that touch it from above or below within its
-    column, and over the text lines those cells hold: detectors often stop a table below its shaded head row."""
+    """A table box grows over vector paths (cell fills, rules) just above or below it within its column, with
+    at most one row of cell text (narrow lines, none spanning most of the table) between: detectors often
+    stop a table under its shaded head row. The cells' text lines come along."""
     out = []
     for b in blocks:
         if b.kind == "table":
             box = b.bbox
-            tol = 0.02 * (box[2] - box[0])
             for _ in range(4):
+                tol = 0.02 * (box[2] - box[0])
+                reach = 2.0 * info.line_height
+
+                def between_ok(p: BBox, box: BBox = box) -> bool:
+                    band = (box[0], min(p[3], box[3]), box[2], max(p[1], box[1]))
+                    if band[3] <= band[1]:
+                        return True
+                    lines = [ln.bbox for ln in info.lines if intersection(ln.bbox, band) > 0]
+                    return all(
+                        ln[0] >= box[0] - tol and ln[2] <= box[2] + tol and ln[2] - ln[0] < 0.6 * (box[2] - box[0])
+                        for ln in lines
+                    )
+
                 add = [
                     p
                     for p in info.paths
                     if p[0] >= box[0] - tol
                     and p[2] <= box[2] + tol
                     and containment(p, box) < 0.9
-                    and (0 <= box[1] - p[3] <= 3.0 or 0 <= p[1] - box[3] <= 3.0 or intersection(p, box) > 0)
+                    and (-1.0 <= box[1] - p[3] <= reach or -1.0 <= p[1] - box[3] <= reach)
                     and (p[3] - p[1]) < 0.5 * (box[3] - box[1])
+                    and between_ok(p)
                 ]
                 if not add:
                     break
-                new = union([box] + add)
+                new = union([box, *add])
                 new = union([new] + [ln.bbox for ln in info.lines if containment(ln.bbox, new) >= 0.5])
                 if new == box:
                     break
@@ -387,6 +402,20 @@ def grow_tables(blocks: list[Block], info: PageInfo) -> list[Block]:
             if box != b.bbox:
                 b = dataclasses.replace(b, bbox=box)
         out.append(b)
+    # a text block the grown table now cuts (a caption run together with the head row) keeps its outside part
+    tables = [b.bbox for b in out if b.kind == "table"]
+    for i, b in enumerate(out):
+        if b.kind not in _TEXT_KINDS:
+            continue
+        for t in tables:
+            inter = intersection(b.bbox, t)
+            if inter == 0 or inter >= 0.9 * area(b.bbox) or inter < 0.2 * area(b.bbox):
+                continue
+            x0, y0, x1, y1 = b.bbox
+            if y0 < t[1] < y1 <= t[3] + 1:
+                out[i] = b = dataclasses.replace(b, bbox=(x0, y0, x1, t[1]))
+            elif t[1] - 1 <= y0 < t[3] < y1:
+                out[i] = b = dataclasses.replace(b, bbox=(x0, t[3], x1, y1))
     return out
 
 
