@@ -360,6 +360,19 @@ def add_numbered_equations(blocks: list[Block], info: PageInfo) -> list[Block]:
     return out
 
 
+def _only_cells_between(p: BBox, box: BBox, info: PageInfo) -> bool:
+    """Between path ``p`` and table ``box`` lie only narrow text lines inside the table's column (one row of
+    cells), not a caption or a paragraph line spanning most of it."""
+    band = (box[0], min(p[3], box[3]), box[2], max(p[1], box[1]))
+    if band[3] <= band[1]:
+        return True
+    tol = 0.02 * (box[2] - box[0])
+    lines = [ln.bbox for ln in info.lines if intersection(ln.bbox, band) > 0]
+    return all(
+        ln[0] >= box[0] - tol and ln[2] <= box[2] + tol and ln[2] - ln[0] < 0.6 * (box[2] - box[0]) for ln in lines
+    )
+
+
 def grow_tables(blocks: list[Block], info: PageInfo) -> list[Block]:
     """A table box grows over vector paths (cell fills, rules) just above or below it within its column, with
     at most one row of cell text (narrow lines, none spanning most of the table) between: detectors often
@@ -372,16 +385,6 @@ def grow_tables(blocks: list[Block], info: PageInfo) -> list[Block]:
                 tol = 0.02 * (box[2] - box[0])
                 reach = 2.0 * info.line_height
 
-                def between_ok(p: BBox, box: BBox = box) -> bool:
-                    band = (box[0], min(p[3], box[3]), box[2], max(p[1], box[1]))
-                    if band[3] <= band[1]:
-                        return True
-                    lines = [ln.bbox for ln in info.lines if intersection(ln.bbox, band) > 0]
-                    return all(
-                        ln[0] >= box[0] - tol and ln[2] <= box[2] + tol and ln[2] - ln[0] < 0.6 * (box[2] - box[0])
-                        for ln in lines
-                    )
-
                 add = [
                     p
                     for p in info.paths
@@ -390,7 +393,7 @@ def grow_tables(blocks: list[Block], info: PageInfo) -> list[Block]:
                     and containment(p, box) < 0.9
                     and (-1.0 <= box[1] - p[3] <= reach or -1.0 <= p[1] - box[3] <= reach)
                     and (p[3] - p[1]) < 0.5 * (box[3] - box[1])
-                    and between_ok(p)
+                    and _only_cells_between(p, box, info)
                 ]
                 if not add:
                     break
