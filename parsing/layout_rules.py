@@ -33,7 +33,7 @@ import re
 from typing import TYPE_CHECKING, NamedTuple
 
 from formats.records import Block
-from parsing.geometry import BBox, area, containment, horizontal_overlap, intersection, union
+from parsing.geometry import BBox, area, containment, horizontal_overlap, intersection, union, vertical_gap
 
 if TYPE_CHECKING:
     import pymupdf
@@ -206,6 +206,25 @@ def add_raster_figures(blocks: list[Block], info: PageInfo) -> list[Block]:
         above = [i for i, b in enumerate(out) if b.bbox[3] <= box[1] + 2 and b.bbox[0] < box[2] and b.bbox[2] > box[0]]
         out.insert(above[-1] + 1 if above else 0, fig)
     return out
+
+
+_PANEL_LABEL = re.compile(r"^\s*\(?[a-z]\)\s")
+
+
+def panel_label_box(fig: BBox, blocks: list[Block], info: PageInfo) -> BBox:
+    """``fig`` grown over the panel labels ("(c) Step 3") set as loose text lines (in no block) right under
+    or over it, within its width: a reader draws a multi-panel figure around its panels' labels."""
+    box = fig
+    for ln in info.lines:
+        if not _PANEL_LABEL.match(ln.text) or any(containment(ln.bbox, b.bbox) >= 0.5 for b in blocks):
+            continue
+        if (
+            ln.bbox[0] >= box[0] - 5
+            and ln.bbox[2] <= box[2] + 5
+            and vertical_gap(ln.bbox, box) <= 1.5 * info.line_height
+        ):
+            box = union([box, ln.bbox])
+    return box
 
 
 def is_furniture(b: Block, blocks: list[Block], info: PageInfo) -> bool:

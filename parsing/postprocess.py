@@ -276,6 +276,10 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayLi
     work = _absorb_subcaptions(work, replaced, line_h)
     work = _merge_panels(work, link, replaced, w, h, line_h)
     work = _absorb_subcaptions(work, replaced, line_h)
+    for i, f in enumerate(work):
+        if f.kind == "figure" and (box := rules.panel_label_box(f.bbox, work, info)) != f.bbox:
+            work[i] = dataclasses.replace(f, bbox=box)
+            replaced.put(f, [work[i]])
     _promote_captions(work, link, h)
     visual = [b for b in work if b.kind in CROPPED_KINDS]
     out: list[Block] = []
@@ -515,5 +519,7 @@ def _renumber(out: list[Block], link: dict[int, Block | None], replaced: _Replac
                 target = pos[id(candidates[0])]
             elif candidates:  # the linked figure was split: the piece next to the caption
                 target = geo[i] if geo[i] is not None and out[geo[i]] in candidates else pos[id(candidates[0])]
+        elif b.kind == "caption" and link.get(id(b)) is None and _CAPTION_LABEL.match(b.text):
+            target = geo[i]  # "Figure 3: ..." the backend left unlinked: the visual next to it
         final.append(dataclasses.replace(b, reading_order=i, caption_of=target))
     return final
