@@ -21,9 +21,9 @@ set and the samples, the causes were:
   (``add_numbered_equations``);
 - **a table missing its head row** (the shaded header cells): a table box grows over drawn cells that touch
   it inside its column (``grow_tables``);
-- **table vs figure**: a "table" with no text inside is a picture, a visual whose labelled caption says
-  "Figure n" is a figure and one whose caption says "Table n" over a text-cell grid is a table
-  (``fix_visual_kinds``).
+- **table vs figure vs framed text**: a "table" with no text inside is a picture, a visual whose labelled
+  caption says "Figure n" is a figure, one whose caption says "Table n" over a text-cell grid is a table,
+  and a "table" with neither inner rules nor rows of cells (a theorem box) is text (``fix_visual_kinds``).
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ class Line(NamedTuple):
     """Some span is set in a math font, or the text holds a math symbol."""
     math_font: bool
     """Some span is set in a math font."""
+    math_frac: float = 0.0
+    """Fraction of the line's visible characters set in a math font or that are math symbols."""
 
 
 class PageInfo(NamedTuple):
@@ -98,7 +100,15 @@ def page_info(page: pymupdf.Page, graphics: list[BBox], is_path: list[bool], tex
             if not s.strip():
                 continue
             mf = any(_MATH_FONT.search(sp.get("font", "")) for sp in spans if sp.get("text", "").strip())
-            lines.append(Line(b, s, mf or any(c in _MATH_CHARS for c in s), mf))  # type: ignore[arg-type]
+            n_math = sum(
+                1
+                for sp in spans
+                for c in sp.get("text", "")
+                if not c.isspace() and (c in _MATH_CHARS or _MATH_FONT.search(sp.get("font", "")))
+            )
+            n_all = sum(1 for c in s if not c.isspace())
+            math = mf or any(c in _MATH_CHARS for c in s)
+            lines.append(Line(b, s, math, mf, n_math / n_all if n_all else 0.0))  # type: ignore[arg-type]
     heights = sorted(ln.bbox[3] - ln.bbox[1] for ln in lines)
     line_h = heights[len(heights) // 2] if heights else 10.0
     images = [g for g, p in zip(graphics, is_path) if not p]
@@ -310,6 +320,73 @@ def merge_equation_lines(blocks: list[Block], info: PageInfo) -> list[Block]:
     return out
 
 
+def promote_display_math(blocks: list[Block], info: PageInfo) -> list[Block]:
+    """A text block of one to three lines that is mathematics set on its own (at least 40% of its characters in
+    a math font or math symbols, one of them in a math font) and indented from its column on both sides by
+    two line heights or more, about centred, is a display equation the detector read as text. Fragments (an
+    underbrace's label, a letter inside a drawing) are not: at least five characters, three line heights wide,
+    touching no figure, table or equation."""
+    out = []
+    lh = info.line_height
+    visual = [v.bbox for v in blocks if v.kind in ("figure", "table", "equation")]
+    absorbed: list[BBox] = []
+    for b in blocks:
+        if b.kind in ("text", "other"):
+            lines = [ln for ln in info.lines if containment(ln.bbox, b.bbox) >= 0.5]
+            chars = sum(len(ln.text.strip()) for ln in lines)
+            frac = sum(ln.math_frac * len(ln.text.strip()) for ln in lines) / chars if chars else 0.0
+            box = union([ln.bbox for ln in lines]) if lines else b.bbox
+            if (
+                1 <= len(lines) <= 3
+                and frac >= 0.4
+                and chars >= 5
+                and box[2] - box[0] >= 3 * lh
+                and any(ln.math_font for ln in lines)
+                and not any(intersection(box, v) > 0 for v in visual)  # a label in a figure, under a formula
+            ):
+                # the column: text lines within eight line heights above/below that overlap this one in x
+                col = [
+                    ln.bbox
+                    for ln in info.lines
+                    if ln not in lines
+                    and abs(ln.bbox[1] - box[1]) < 8 * lh
+                    and ln.bbox[2] > box[0]
+                    and ln.bbox[0] < box[2]
+                    and ln.bbox[2] - ln.bbox[0] > 0.5 * info.width * 0.5
+                ]
+                if col:
+                    c0, c1 = min(x[0] for x in col), max(x[2] for x in col)
+                    left, right = box[0] - c0, c1 - box[2]
+                    if left >= 2 * lh and right >= 2 * lh and abs(left - right) <= 0.25 * (c1 - c0):
+                        box = _grow_math(box, info)
+                        b = dataclasses.replace(b, kind="equation", bbox=box)
+                        absorbed.append(box)
+        out.append(b)
+    # fragments of the display now inside its box (a big operator's glyph, its limits) are no text of their own
+    return [
+        b for b in out if not (b.kind in ("text", "other") and any(containment(b.bbox, a) >= 0.9 for a in absorbed))
+    ]
+
+
+def _grow_math(box: BBox, info: PageInfo) -> BBox:
+    """``box`` grown over math lines touching it (within 0.6 line heights): an operator set as its own line,
+    its limits above and below."""
+    from parsing.geometry import box_gap
+
+    grown = True
+    while grown:
+        grown = False
+        for ln in info.lines:
+            if (
+                ln.math_frac >= 0.5
+                and containment(ln.bbox, box) < 0.5
+                and box_gap(ln.bbox, box) <= 0.6 * info.line_height
+            ):
+                box = union([box, ln.bbox])
+                grown = True
+    return box
+
+
 def _vertical_overlap(a: BBox, b: BBox) -> float:
     """Shared height over the smaller height."""
     inter = min(a[3], b[3]) - max(a[1], b[1])
@@ -441,6 +518,33 @@ def grow_tables(blocks: list[Block], info: PageInfo) -> list[Block]:
     return out
 
 
+def cell_rows(box: BBox, info: PageInfo) -> int:
+    """Rows of the text inside ``box`` that hold two or more cells: lines on one baseline separated by at least
+    one line height of white space (a table row; running text and formulas are one line per row)."""
+    inside = sorted((ln.bbox for ln in info.lines if containment(ln.bbox, box) >= 0.5), key=lambda b: (b[1], b[0]))
+    rows: list[list[BBox]] = []
+    for ln in inside:
+        if rows and _vertical_overlap(rows[-1][0], ln) >= 0.6:
+            rows[-1].append(ln)
+        else:
+            rows.append([ln])
+    n = 0
+    for r in rows:
+        r.sort(key=lambda b: b[0])
+        if any(b2[0] - b1[2] >= info.line_height for b1, b2 in zip(r, r[1:])):
+            n += 1
+    return n
+
+
+def is_framed_text(box: BBox, info: PageInfo) -> bool:
+    """A "table" that is text in a frame (a theorem or definition box): no rule or cell fill inside the frame
+    (paths off its border) and fewer than three rows of separated cells."""
+    inner = (box[0] + 4, box[1] + 4, box[2] - 4, box[3] - 4)
+    a = area(box)
+    ruled = any(containment(p, inner) >= 0.5 and area(p) < 0.8 * a for p in info.paths)  # not the frame itself
+    return not ruled and cell_rows(box, info) < 3
+
+
 def fix_visual_kinds(blocks: list[Block], info: PageInfo) -> list[Block]:
     """Table vs figure from the caption label and the content: a visual captioned "Figure n" is a figure; one
     captioned "Table n" that holds a grid of text lines (three rows or more) is a table; a "table" with no
@@ -457,5 +561,7 @@ def fix_visual_kinds(blocks: list[Block], info: PageInfo) -> list[Block]:
                 b = dataclasses.replace(b, kind="figure", html=None)
             elif b.kind == "figure" and _TABLE_LABEL.match(cap) and rows >= 3 and not _inside(info.images, b.bbox):
                 b = dataclasses.replace(b, kind="table")
+            elif b.kind == "table" and not _TABLE_LABEL.match(cap) and is_framed_text(b.bbox, info):
+                b = dataclasses.replace(b, kind="text", text="\n".join(ln.text for ln in inside), html=None)
         out.append(b)
     return out

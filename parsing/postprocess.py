@@ -236,6 +236,7 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayLi
     blocks = add_vector_figures(blocks, graphics, paths, lines, line_h, w, h)
     blocks = rules.grow_tables(blocks, info)
     blocks = rules.add_numbered_equations(blocks, info)
+    blocks = rules.promote_display_math(blocks, info)
     blocks = rules.merge_equation_lines(blocks, info)
     by_order = {b.reading_order: b for b in blocks}
     # Links as object references while blocks are replaced, split and merged.

@@ -245,3 +245,31 @@ def test_parser_on_generated_pages(parser, generated_pdf):
     assert not _kinds(pages[1].blocks, "figure")
     eqs = _kinds(pages[2].blocks, "equation")
     assert len(eqs) == 1 and eqs[0].bbox[1] < 212 and eqs[0].bbox[3] > 236
+
+
+def test_theorem_frame_called_a_table_is_text_ruled_table_is_not():
+    doc = pymupdf.open()
+    page = doc.new_page(width=612, height=792)
+    page.draw_rect(pymupdf.Rect(72, 100, 540, 180), color=(0, 0, 0), width=0.6)
+    page.insert_textbox(pymupdf.Rect(80, 108, 532, 175), "Theorem 2. " + LOREM[:220], fontsize=10)
+    blocks = [Block("table", (72, 100, 540, 180), reading_order=0)]
+    assert [b.kind for b in R.fix_visual_kinds(blocks, _info(page))] == ["text"]
+    doc, page, grid = ruled_table_page()
+    blocks = [Block("table", grid, reading_order=0)]
+    assert [b.kind for b in R.fix_visual_kinds(blocks, _info(page))] == ["table"]
+
+
+def test_centred_unnumbered_display_read_as_text_is_an_equation():
+    doc = pymupdf.open()
+    page = doc.new_page(width=612, height=792)
+    page.insert_textbox(pymupdf.Rect(72, 72, 540, 160), LOREM, fontsize=10)
+    page.insert_text((250, 190), "a + b = g d + e", fontsize=12, fontname="symb")  # α + β = γ δ + ε, centred
+    page.insert_textbox(pymupdf.Rect(72, 210, 540, 300), LOREM, fontsize=10)
+    page.insert_text((72, 330), "a b g d e", fontsize=10, fontname="symb")  # Greek at the margin: not display
+    blocks = [
+        Block("text", (72, 72, 540, 160), text=LOREM, reading_order=0),
+        Block("text", (248, 178, 340, 194), text="α + β = γ δ + ε", reading_order=1),
+        Block("text", (72, 210, 540, 300), text=LOREM, reading_order=2),
+        Block("text", (72, 320, 140, 334), text="α β γ δ ε", reading_order=3),
+    ]
+    assert [b.kind for b in R.promote_display_math(blocks, _info(page))] == ["text", "equation", "text", "text"]
