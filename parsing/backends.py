@@ -18,8 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from parsing.geometry import BBox, clamp, containment, from_normalized, from_pixels, link_captions, reading_order
 from formats.records import Block
+from parsing.geometry import BBox, clamp, containment, from_normalized, from_pixels, link_captions, reading_order
+from parsing.layout_rules import split_scan_equations
 
 if TYPE_CHECKING:
     import pymupdf
@@ -385,6 +386,7 @@ class OcrBackend:
                 xs = [p[0] for p in quad]
                 ys = [p[1] for p in quad]
                 lines.append((clamp(from_pixels((min(xs), min(ys), max(xs), max(ys)), scale), w, h), text))
+        regions = split_scan_equations(regions, lines, w)
         # Assign each OCR line to the textual region holding most of it; visual regions keep no text.
         texts: list[list[tuple[BBox, str]]] = [[] for _ in regions]
         orphans: list[tuple[BBox, str]] = []

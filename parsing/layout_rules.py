@@ -565,3 +565,50 @@ def fix_visual_kinds(blocks: list[Block], info: PageInfo) -> list[Block]:
                 b = dataclasses.replace(b, kind="text", text="\n".join(ln.text for ln in inside), html=None)
         out.append(b)
     return out
+
+
+def split_scan_equations(
+    regions: list[tuple[str, BBox, float]], lines: list[tuple[BBox, str]], page_width: float
+) -> list[tuple[str, BBox, float]]:
+    """Scan path: an equation region the layout model drew across running text is cut at its prose lines.
+
+    A prose line starts at the body text's left edge (or left of it), spans half the region or more and has
+    three or more words of three letters or more ("By Exercise 5.17, ... Then, for all v ..."). The math lines
+    between prose lines become one equation region each; a region with only prose lines becomes text.
+    ``regions``: (kind, bbox, score); ``lines``: OCR or text-layer lines (bbox, text).
+    """
+    body = [b[0] for b, _ in lines if b[2] - b[0] >= 0.3 * page_width]
+    if not body:
+        return regions
+    bins: dict[int, int] = {}
+    for x in body:
+        k = int(x / (0.01 * page_width))
+        bins[k] = bins.get(k, 0) + 1
+    margin = (max(bins, key=lambda k: bins[k]) + 1) * 0.01 * page_width  # the body lines' left edge
+    out: list[tuple[str, BBox, float]] = []
+    for kind, rb, score in regions:
+        inside = sorted(((b, t) for b, t in lines if containment(b, rb) >= 0.5), key=lambda x: x[0][1])
+        if kind != "equation" or not inside:
+            out.append((kind, rb, score))
+            continue
+
+        def prose(b: BBox, t: str, rb: BBox = rb) -> bool:
+            words = [w for w in _WORD.findall(t) if len(w) >= 3]
+            return b[0] <= margin + 0.01 * page_width and b[2] - b[0] >= 0.5 * (rb[2] - rb[0]) and len(words) >= 3
+
+        flags = [prose(b, t) for b, t in inside]
+        if not any(flags):
+            out.append((kind, rb, score))
+            continue
+        group: list[BBox] = []
+        for (b, _), is_prose_line in zip(inside, flags):
+            if is_prose_line:
+                if group:
+                    out.append(("equation", union(group), score))
+                group = []
+                out.append(("text", b, score))
+            else:
+                group.append(b)
+        if group:
+            out.append(("equation", union(group), score))
+    return out

@@ -273,3 +273,24 @@ def test_centred_unnumbered_display_read_as_text_is_an_equation():
         Block("text", (72, 320, 140, 334), text="α β γ δ ε", reading_order=3),
     ]
     assert [b.kind for b in R.promote_display_math(blocks, _info(page))] == ["text", "equation", "text", "text"]
+
+
+def test_scan_equation_region_is_cut_at_its_prose_lines():
+    """The layout model's equation region spans two displays and the sentence between them (OCR lines)."""
+    lines = [
+        ((72, 100, 540, 112), "We now define the bilinear form used in the proof below."),
+        ((72, 114, 540, 126), "It is bounded and coercive on the space considered here."),
+        ((200, 140, 420, 160), "B[u,v] = J aijuxvx dx"),
+        ((72, 170, 480, 182), "By Exercise 5.17, then for all v in the space,"),
+        ((180, 190, 440, 210), "B[o(u),v] = Jaiio(u)xx dx"),
+        ((200, 212, 400, 230), "< 0 - J o(u)v|Du| dx"),
+        ((72, 240, 540, 252), "which proves the claim after integrating over the domain."),
+    ]
+    regions = [("text", (72, 100, 540, 126), 0.9), ("equation", (72, 138, 540, 232), 0.7)]
+    out = R.split_scan_equations(regions, lines, 612)
+    assert [(k, tuple(round(x) for x in b)) for k, b, _ in out] == [
+        ("text", (72, 100, 540, 126)),
+        ("equation", (200, 140, 420, 160)),
+        ("text", (72, 170, 480, 182)),
+        ("equation", (180, 190, 440, 230)),
+    ]
