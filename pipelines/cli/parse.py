@@ -1,6 +1,6 @@
 """``scifolio parse``: the parser's debugging view (blocks.parquet + crops + quarantine).
 
-scifolio parse ../shared/samples --out parsed/
+scifolio parse ../shared/samples --out parsed/ [--view]
 """
 
 from __future__ import annotations
@@ -59,11 +59,13 @@ def _parse_config(args: argparse.Namespace, page_render_dpi: int | None = None):
 def cmd_parse(args: argparse.Namespace) -> int:
     from pipelines.jobs.parse_view import run_parse
 
-    summary = run_parse(args.inputs, Path(args.out), _parse_config(args), save_crops=not args.no_crops)
+    summary = run_parse(args.inputs, Path(args.out), _parse_config(args), save_crops=not args.no_crops, view=args.view)
     print(
         f"blocks: {summary['blocks']}  pages: {summary['pages']}  documents: {summary['documents']}  "
         f"quarantined: {summary['dropped']}  → {Path(args.out) / 'blocks.parquet'}"
     )
+    if args.view:
+        print(f"boxes drawn: {Path(args.out) / 'view' / 'index.html'}")
     return 0
 
 
@@ -77,5 +79,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     pa_.add_argument("inputs", nargs="+", metavar="INPUT")
     pa_.add_argument("--out", required=True)
     pa_.add_argument("--no-crops", action="store_true", help="do not write crop PNGs")
+    pa_.add_argument(
+        "--view",
+        action="store_true",
+        help="also draw every page with its boxes, kinds and reading order into OUT/view/ (index.html + PNGs)",
+    )
     _add_parse_options(pa_)
     pa_.set_defaults(func=cmd_parse)
