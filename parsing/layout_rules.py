@@ -23,7 +23,8 @@ set and the samples, the causes were:
   it inside its column (``grow_tables``);
 - **table vs figure vs framed text**: a "table" with no text inside is a picture, a visual whose labelled
   caption says "Figure n" is a figure, one whose caption says "Table n" over a text-cell grid is a table,
-  and a "table" with neither inner rules nor rows of cells (a theorem box) is text (``fix_visual_kinds``).
+  a "table" of shapes with a few labels is a figure, and a "table" with neither inner rules nor rows of
+  cells (a theorem box) is text (``fix_visual_kinds``).
 """
 
 from __future__ import annotations
@@ -520,7 +521,7 @@ def grow_tables(blocks: list[Block], info: PageInfo) -> list[Block]:
 
 def cell_rows(box: BBox, info: PageInfo) -> int:
     """Rows of the text inside ``box`` that hold two or more cells: lines on one baseline separated by at least
-    one line height of white space (a table row; running text and formulas are one line per row)."""
+    0.6 line heights of white space (a table row; running text and formulas are one line per row)."""
     inside = sorted((ln.bbox for ln in info.lines if containment(ln.bbox, box) >= 0.5), key=lambda b: (b[1], b[0]))
     rows: list[list[BBox]] = []
     for ln in inside:
@@ -531,18 +532,27 @@ def cell_rows(box: BBox, info: PageInfo) -> int:
     n = 0
     for r in rows:
         r.sort(key=lambda b: b[0])
-        if any(b2[0] - b1[2] >= info.line_height for b1, b2 in zip(r, r[1:])):
+        if any(b2[0] - b1[2] >= 0.6 * info.line_height for b1, b2 in zip(r, r[1:])):
             n += 1
     return n
 
 
+def is_drawing(box: BBox, info: PageInfo) -> bool:
+    """A "table" that is a drawing: at most four text lines (labels), no row of cells, and drawn shapes that
+    are not rules (fills, curves, marks at least 2 pt thick both ways)."""
+    inside = [ln for ln in info.lines if containment(ln.bbox, box) >= 0.5]
+    shapes = [p for p in _inside(info.paths, box) if min(p[2] - p[0], p[3] - p[1]) >= 2.0]
+    return len(inside) <= 4 and len(shapes) >= 3 and cell_rows(box, info) == 0
+
+
 def is_framed_text(box: BBox, info: PageInfo) -> bool:
-    """A "table" that is text in a frame (a theorem or definition box): no rule or cell fill inside the frame
-    (paths off its border) and fewer than three rows of separated cells."""
+    """A "table" that is text in a frame (a theorem or definition box): fewer than three rows of separated
+    cells, and either no rule or cell fill inside the frame (paths off its border) or running text (wide
+    lines) over 15% of it (stacked theorem and proof frames have rules between them)."""
     inner = (box[0] + 4, box[1] + 4, box[2] - 4, box[3] - 4)
     a = area(box)
     ruled = any(containment(p, inner) >= 0.5 and area(p) < 0.8 * a for p in info.paths)  # not the frame itself
-    return not ruled and cell_rows(box, info) < 3
+    return cell_rows(box, info) < 3 and (not ruled or wide_text_fraction(box, info) >= 0.15)
 
 
 def fix_visual_kinds(blocks: list[Block], info: PageInfo) -> list[Block]:
@@ -561,6 +571,8 @@ def fix_visual_kinds(blocks: list[Block], info: PageInfo) -> list[Block]:
                 b = dataclasses.replace(b, kind="figure", html=None)
             elif b.kind == "figure" and _TABLE_LABEL.match(cap) and rows >= 3 and not _inside(info.images, b.bbox):
                 b = dataclasses.replace(b, kind="table")
+            elif b.kind == "table" and not _TABLE_LABEL.match(cap) and is_drawing(b.bbox, info):
+                b = dataclasses.replace(b, kind="figure", html=None)
             elif b.kind == "table" and not _TABLE_LABEL.match(cap) and is_framed_text(b.bbox, info):
                 b = dataclasses.replace(b, kind="text", text="\n".join(ln.text for ln in inside), html=None)
         out.append(b)

@@ -294,3 +294,15 @@ def test_scan_equation_region_is_cut_at_its_prose_lines():
         ("text", (72, 170, 480, 182)),
         ("equation", (180, 190, 440, 230)),
     ]
+
+
+def test_drawing_called_a_table_is_a_figure():
+    doc = pymupdf.open()
+    page = doc.new_page(width=612, height=792)
+    for i in range(4):  # filled squares and circles with two letters: a diagram, not a table
+        page.draw_rect(pymupdf.Rect(100 + 60 * i, 100, 140 + 60 * i, 140), color=(1, 0, 0), fill=(1, 0.8, 0.8))
+        page.draw_circle((120 + 60 * i, 180), 15, color=(0, 0, 1))
+    page.insert_text((110, 220), "a", fontsize=9)
+    page.insert_text((290, 220), "b", fontsize=9)
+    blocks = [Block("table", (95, 95, 345, 225), reading_order=0)]
+    assert [b.kind for b in R.fix_visual_kinds(blocks, _info(page))] == ["figure"]
