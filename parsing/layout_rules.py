@@ -538,11 +538,11 @@ def cell_rows(box: BBox, info: PageInfo) -> int:
 
 
 def is_drawing(box: BBox, info: PageInfo) -> bool:
-    """A "table" that is a drawing: at most four text lines (labels), no row of cells, and drawn shapes that
+    """A "table" that is a drawing: at most four text lines (labels), at most one row of them, and shapes that
     are not rules (fills, curves, marks at least 2 pt thick both ways)."""
     inside = [ln for ln in info.lines if containment(ln.bbox, box) >= 0.5]
     shapes = [p for p in _inside(info.paths, box) if min(p[2] - p[0], p[3] - p[1]) >= 2.0]
-    return len(inside) <= 4 and len(shapes) >= 3 and cell_rows(box, info) == 0
+    return len(inside) <= 4 and len(shapes) >= 3 and cell_rows(box, info) < 2
 
 
 def is_framed_text(box: BBox, info: PageInfo) -> bool:
