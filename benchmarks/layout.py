@@ -13,7 +13,8 @@ Rows:
   writes): MinerU flash, the rapid-layout scan path for image-only pages, box clean-up.
 - ``mineru`` — MinerU flash ``parse`` on the whole file, its blocks mapped to our kinds, nothing else.
 - ``pymupdf`` — PyMuPDF's ONNX layout model (``pymupdf.layout`` via pymupdf4llm) on every page.
-- ``rapid-layout`` — the scan path (page render, rapid-layout CDLA regions) on every page.
+- ``rapid-layout`` — the scan path (page render, rapid-layout CDLA regions, OCR text) on every page, without
+  our cut of equation regions at prose lines.
 Bare backends run in this process after one warm-up page; ``scifolio`` runs in its worker, warmed on
 the first file. pages/s counts all pages of all files, wall clock.
 """
@@ -127,9 +128,10 @@ def run_scifolio(files: list[Path], draw: Path | None) -> tuple[Preds, int, floa
 def _run_backend(name: str, files: list[Path]) -> tuple[Preds, int, float]:
     import pymupdf
 
-    from parsing.backends import make_backend
+    from parsing.backends import OcrBackend, make_backend
 
-    backend = make_backend(name)
+    # the scan path bare: rapid-layout's regions without our cut of equation regions at prose lines
+    backend = OcrBackend(split_equations=False) if name == "rapidocr" else make_backend(name)
     backend.load()
     with pymupdf.open(files[0]) as doc:  # warm-up on one page
         backend.parse(str(files[0]), doc, [0])
