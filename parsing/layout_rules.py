@@ -6,25 +6,29 @@ Measured with ``python benchmarks/layout.py ../shared/devset``. Reading the disa
 set and the samples, the causes were:
 
 - **text boxed as a figure** (a shaded heading bar, a framed abstract, a whole title page called one
-  picture): a figure without a labelled caption whose area is mostly covered by wide text lines is text;
-  its raster images, if any, become figures of their own (``demote_text_visuals``, ``add_raster_figures``);
-- **page furniture as figures** (the coloured band of a running header, rules): wide or vector-only
-  figures inside the top/bottom margin band without a caption are dropped (``is_furniture``);
-- **raster pictures the layout model missed** (a QR code, a logo beside the title): images at least
-  ``_MIN_IMAGE_SIDE`` points on both sides that no visual covers become figures (``add_raster_figures``);
+  picture): a figure without a labelled caption mostly covered by wide text lines, or text over a plain
+  background, is text; drawings in it that hold no text stay figures (``demote_text_visuals``);
+- **page furniture as figures** (the coloured band of a running header): figures in the top/bottom margin
+  band spanning half the page width, without a caption, are dropped (``is_furniture``);
+- **raster pictures the layout model missed** (a QR code): images at least ``_MIN_IMAGE_SIDE`` points on
+  both sides, with no text over them, that no visual covers become figures (``add_raster_figures``);
+- **sub-panel labels left out** ("(c) ..." as loose lines under the lower panels): they join their figure
+  (``panel_label_box``);
 - **prose boxed as an equation** (a running header, table-of-contents lines): an equation box with no math
-  font, no math symbol and several words is text (``demote_prose_equations``);
-- **one display equation in several boxes** (one per line of an aligned derivation): vertically adjacent
-  equation boxes with nothing between them are one box (``merge_equation_lines``);
-- **numbered display equations missed**: a line group set in a math font, indented from the column on
-  both sides or ending in a right-aligned "(n)", outside every block, becomes an equation
-  (``add_numbered_equations``);
-- **a table missing its head row** (the shaded header cells): a table box grows over drawn cells that touch
-  it inside its column (``grow_tables``);
+  font, no math symbol and mostly words is text (``demote_prose_equations``);
+- **one display equation in several boxes** (one per line of a derivation): adjacent equation boxes with
+  nothing between them are one box per line group (``merge_equation_lines``);
+- **display equations read as text or missed**: a right-aligned "(n)" after an indented math-font line
+  group outside every block (``add_numbered_equations``); a short text block that is mostly math-font
+  characters, indented on both sides and about centred (``promote_display_math``);
+- **an equation region drawn across running text on a scan**: cut at its prose lines
+  (``split_scan_equations``, used by the OCR backend);
+- **a table missing its head row** (the shaded header cells): a table box grows over drawn cells just
+  above/below it inside its column (``grow_tables``);
 - **table vs figure vs framed text**: a "table" with no text inside is a picture, a visual whose labelled
   caption says "Figure n" is a figure, one whose caption says "Table n" over a text-cell grid is a table,
-  a "table" of shapes with a few labels is a figure, and a "table" with neither inner rules nor rows of
-  cells (a theorem box) is text (``fix_visual_kinds``).
+  a "table" of shapes with a few labels is a figure, and a "table" with no rows of cells and no inner
+  rules or mostly running text (a theorem box) is text (``fix_visual_kinds``).
 """
 
 from __future__ import annotations
@@ -250,7 +254,7 @@ def is_furniture(b: Block, blocks: list[Block], info: PageInfo) -> bool:
     return (x1 - x0) >= 0.5 * info.width
 
 
-def is_prose(box: BBox, info: PageInfo, text: str = "") -> bool:
+def is_prose(box: BBox, info: PageInfo) -> bool:
     """True when the text layer under ``box`` reads as words, not mathematics: no math font, no math symbol,
     at least three words, and words make most of the characters (dot leaders aside): a running header, a
     table-of-contents line, a sentence. Publishers' fonts with private encodings ("5" for "=") fail the last
