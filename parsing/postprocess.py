@@ -159,7 +159,13 @@ def split_figure(box: BBox, content: list[BBox], graphic: list[bool], gap: float
     if not any(has_graphic):
         return [union(content)] if content else [box]
     kept = [
-        _grow_with_labels([content[i] for i in g if graphic[i]], [content[i] for i in g if not graphic[i]], 0.4 * gap)
+        _grow_with_labels(
+            [content[i] for i in g if graphic[i]],
+            [content[i] for i in g if not graphic[i]],
+            0.4 * gap,
+            label_reach=1.2 * gap,
+            label_width=0.25 * (box[2] - box[0]),
+        )
         for g, has in zip(groups, has_graphic)
         if has
     ]
@@ -176,16 +182,22 @@ def split_figure(box: BBox, content: list[BBox], graphic: list[bool], gap: float
     return pieces
 
 
-def _grow_with_labels(graphics: list[BBox], texts: list[BBox], reach: float) -> BBox:
+def _grow_with_labels(
+    graphics: list[BBox], texts: list[BBox], reach: float, label_reach: float | None = None, label_width: float = 0.0
+) -> BBox:
     """Union of the graphics plus the text lines chained to them within ``reach`` points (tick labels, axis
-    titles, legends); text further away is a neighbouring header or paragraph line."""
+    titles, legends); text further away is a neighbouring header or paragraph line. Short lines (narrower than
+    ``label_width`` and than four times their height: an axis title set apart, "MSE" rotated left of the tick
+    labels, a "λ" under the axis; not a heading word) chain within ``label_reach``."""
     box = union(graphics)
     todo = list(texts)
     changed = True
     while changed and todo:
         changed = False
         for t in list(todo):
-            if box_gap(t, box) <= reach:
+            w, h = t[2] - t[0], t[3] - t[1]
+            r = label_reach if label_reach is not None and w < label_width and w < 4 * h else reach
+            if box_gap(t, box) <= r:
                 box = union([box, t])
                 todo.remove(t)
                 changed = True

@@ -306,3 +306,26 @@ def test_drawing_called_a_table_is_a_figure():
     page.insert_text((290, 220), "b", fontsize=9)
     blocks = [Block("table", (95, 95, 345, 225), reading_order=0)]
     assert [b.kind for b in R.fix_visual_kinds(blocks, _info(page))] == ["figure"]
+
+
+def test_axis_titles_set_apart_stay_in_the_figure():
+    """A plot whose y-axis title is rotated 18 pt left of the tick labels and whose x-axis title sits under
+    them: the figure box keeps both (a tightened box that drops them loses the plot's meaning)."""
+    doc = pymupdf.open()
+    page = doc.new_page(width=612, height=792)
+    page.draw_line((150, 100), (150, 250), width=0.8)  # axes
+    page.draw_line((150, 250), (400, 250), width=0.8)
+    page.draw_polyline([(150, 240), (200, 200), (260, 220), (330, 130), (400, 110)], color=(0, 0, 1), width=1.2)
+    for i, y in enumerate((250, 200, 150, 100)):
+        page.insert_text((138, y + 3), str(i), fontsize=8)
+    for i, x in enumerate((150, 250, 350)):
+        page.insert_text((x - 3, 262), f"{i}.{i}", fontsize=8)
+    page.insert_text((118, 190), "MSE", fontsize=9, rotate=90)
+    page.insert_text((270, 282), "λ", fontsize=9)
+    page.insert_text((100, 320), "Figure 1: Error against the feedback weight.", fontsize=9)
+    blocks = [
+        Block("figure", (100, 90, 420, 290), reading_order=0),
+        Block("caption", (100, 311, 400, 323), text="Figure 1: Error against the feedback weight.", reading_order=1),
+    ]
+    (fig,) = _kinds(refine_blocks(page, blocks), "figure")
+    assert fig.bbox[0] < 120 and fig.bbox[3] > 280
