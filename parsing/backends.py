@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from formats.records import Block
 from parsing.geometry import BBox, clamp, containment, from_normalized, from_pixels, link_captions, reading_order
+from parsing.layout_rules import split_scan_equations
 
 if TYPE_CHECKING:
     import pymupdf
@@ -340,9 +341,12 @@ class OcrBackend:
 
     name = "rapidocr"
 
-    def __init__(self, dpi: int = 150, layout_threshold: float = 0.5) -> None:
+    def __init__(self, dpi: int = 150, layout_threshold: float = 0.5, split_equations: bool = True) -> None:
         self.dpi = dpi
         self.layout_threshold = layout_threshold
+        self.split_equations = split_equations
+        """Cut equation regions at their prose lines (``layout_rules.split_scan_equations``); False gives the
+        layout model's regions as they are (the bare baseline of ``benchmarks/layout.py``)."""
         self._layout: Any = None
         self._ocr: Any = None
 
@@ -385,6 +389,8 @@ class OcrBackend:
                 xs = [p[0] for p in quad]
                 ys = [p[1] for p in quad]
                 lines.append((clamp(from_pixels((min(xs), min(ys), max(xs), max(ys)), scale), w, h), text))
+        if self.split_equations:
+            regions = split_scan_equations(regions, lines, w)
         # Assign each OCR line to the textual region holding most of it; visual regions keep no text.
         texts: list[list[tuple[BBox, str]]] = [[] for _ in regions]
         orphans: list[tuple[BBox, str]] = []

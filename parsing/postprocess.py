@@ -20,6 +20,7 @@ import re
 from typing import TYPE_CHECKING
 
 from formats.records import CROPPED_KINDS, Block
+from parsing import layout_rules as rules
 from parsing.geometry import (
     BBox,
     any_contained,
@@ -55,9 +56,10 @@ _SPLIT_GAP = 0.02
 _MIN_PIECE = 0.05
 
 
-def page_elements(page: pymupdf.Page) -> tuple[list[BBox], list[BBox], list[bool]]:
+def page_elements(page: pymupdf.Page, text: dict | None = None) -> tuple[list[BBox], list[BBox], list[bool]]:
     """What is drawn on the page: (image and vector-path boxes from the drawing log, text-line boxes,
-    per graphic whether it is a vector path)."""
+    per graphic whether it is a vector path). ``text``: the page's ``get_text("dict", flags=0)`` when the
+    caller has it."""
     graphics: list[BBox] = []
     paths: list[bool] = []
     for kind, rect in page.get_bboxlog():
@@ -69,7 +71,9 @@ def page_elements(page: pymupdf.Page) -> tuple[list[BBox], list[BBox], list[bool
             graphics.append(tuple(rect))  # type: ignore[arg-type]
             paths.append(kind.endswith("-path"))
     lines: list[BBox] = []
-    for block in page.get_text("dict", flags=0)["blocks"]:
+    if text is None:
+        text = page.get_text("dict", flags=0)
+    for block in text["blocks"]:
         for line in block.get("lines", []):
             b = tuple(line["bbox"])
             if b[2] > b[0] and b[3] > b[1]:
@@ -155,7 +159,13 @@ def split_figure(box: BBox, content: list[BBox], graphic: list[bool], gap: float
     if not any(has_graphic):
         return [union(content)] if content else [box]
     kept = [
-        _grow_with_labels([content[i] for i in g if graphic[i]], [content[i] for i in g if not graphic[i]], 0.4 * gap)
+        _grow_with_labels(
+            [content[i] for i in g if graphic[i]],
+            [content[i] for i in g if not graphic[i]],
+            0.4 * gap,
+            label_reach=1.2 * gap,
+            label_width=0.25 * (box[2] - box[0]),
+        )
         for g, has in zip(groups, has_graphic)
         if has
     ]
@@ -172,16 +182,22 @@ def split_figure(box: BBox, content: list[BBox], graphic: list[bool], gap: float
     return pieces
 
 
-def _grow_with_labels(graphics: list[BBox], texts: list[BBox], reach: float) -> BBox:
+def _grow_with_labels(
+    graphics: list[BBox], texts: list[BBox], reach: float, label_reach: float | None = None, label_width: float = 0.0
+) -> BBox:
     """Union of the graphics plus the text lines chained to them within ``reach`` points (tick labels, axis
-    titles, legends); text further away is a neighbouring header or paragraph line."""
+    titles, legends); text further away is a neighbouring header or paragraph line. Short lines (narrower than
+    ``label_width`` and than four times their height: an axis title set apart, "MSE" rotated left of the tick
+    labels, a "λ" under the axis; not a heading word) chain within ``label_reach``."""
     box = union(graphics)
     todo = list(texts)
     changed = True
     while changed and todo:
         changed = False
         for t in list(todo):
-            if box_gap(t, box) <= reach:
+            w, h = t[2] - t[0], t[3] - t[1]
+            r = label_reach if label_reach is not None and w < label_width and w < 4 * h else reach
+            if box_gap(t, box) <= r:
                 box = union([box, t])
                 todo.remove(t)
                 changed = True
@@ -219,11 +235,21 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayLi
 
     w, h = page.rect.width, page.rect.height
     blocks = [b for b in blocks if area(b.bbox) >= _MIN_AREA]
-    graphics, lines, paths = page_elements(page)
+    text = page.get_text("dict", flags=0)
+    graphics, lines, paths = page_elements(page, text)
+    info = rules.page_info(page, graphics, paths, text)
     heights = sorted(ln[3] - ln[1] for ln in lines)
     line_h = heights[len(heights) // 2] if heights else 10.0
+    blocks = rules.fix_visual_kinds(blocks, info)
+    blocks = rules.demote_text_visuals(page, blocks, info)
+    blocks = rules.demote_prose_equations(blocks, info)
+    blocks = rules.add_raster_figures(blocks, info)
     blocks = add_captioned_frames(blocks, graphics, paths, w, h)
     blocks = add_vector_figures(blocks, graphics, paths, lines, line_h, w, h)
+    blocks = rules.grow_tables(blocks, info)
+    blocks = rules.add_numbered_equations(blocks, info)
+    blocks = rules.promote_display_math(blocks, info)
+    blocks = rules.merge_equation_lines(blocks, info)
     by_order = {b.reading_order: b for b in blocks}
     # Links as object references while blocks are replaced, split and merged.
     link: dict[int, Block | None] = {id(b): by_order.get(b.caption_of) for b in blocks if b.caption_of is not None}
@@ -263,6 +289,10 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayLi
     work = _absorb_subcaptions(work, replaced, line_h)
     work = _merge_panels(work, link, replaced, w, h, line_h)
     work = _absorb_subcaptions(work, replaced, line_h)
+    for i, f in enumerate(work):
+        if f.kind == "figure" and (box := rules.panel_label_box(f.bbox, work, info)) != f.bbox:
+            work[i] = dataclasses.replace(f, bbox=box)
+            replaced.put(f, [work[i]])
     _promote_captions(work, link, h)
     visual = [b for b in work if b.kind in CROPPED_KINDS]
     out: list[Block] = []
@@ -275,6 +305,7 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayLi
                 old, b = b, dataclasses.replace(b, text=text)
                 replaced.put(old, [b])
         out.append(b)
+    out = [b for b in out if not rules.is_furniture(b, out, info)]
     return _renumber(out, link, replaced, h)
 
 
@@ -501,5 +532,7 @@ def _renumber(out: list[Block], link: dict[int, Block | None], replaced: _Replac
                 target = pos[id(candidates[0])]
             elif candidates:  # the linked figure was split: the piece next to the caption
                 target = geo[i] if geo[i] is not None and out[geo[i]] in candidates else pos[id(candidates[0])]
+        elif b.kind == "caption" and link.get(id(b)) is None and _CAPTION_LABEL.match(b.text):
+            target = geo[i]  # "Figure 3: ..." the backend left unlinked: the visual next to it
         final.append(dataclasses.replace(b, reading_order=i, caption_of=target))
     return final

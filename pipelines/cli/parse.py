@@ -1,6 +1,6 @@
 """``scifolio parse``: the parser's debugging view (blocks.parquet + crops + quarantine).
 
-scifolio parse ../shared/samples --out parsed/
+scifolio parse ../shared/samples --out parsed/ [--view]
 """
 
 from __future__ import annotations
@@ -76,11 +76,13 @@ def cmd_parse(args: argparse.Namespace) -> int:
     from pipelines.jobs.parse_view import run_parse
 
     config = apply_sets(_parse_config(args), args.set)
-    summary = run_parse(args.inputs, Path(args.out), config, save_crops=not args.no_crops)
+    summary = run_parse(args.inputs, Path(args.out), config, save_crops=not args.no_crops, view=args.view)
     print(
         f"blocks: {summary['blocks']}  pages: {summary['pages']}  documents: {summary['documents']}  "
         f"quarantined: {summary['dropped']}  → {Path(args.out) / 'blocks.parquet'}"
     )
+    if args.view:
+        print(f"boxes drawn: {Path(args.out) / 'view' / 'index.html'}")
     return 0
 
 
@@ -94,6 +96,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     pa_.add_argument("inputs", nargs="+", metavar="INPUT")
     pa_.add_argument("--out", required=True)
     pa_.add_argument("--no-crops", action="store_true", help="do not write crop PNGs")
+    pa_.add_argument(
+        "--view",
+        action="store_true",
+        help="also draw every page with its boxes, kinds and reading order into OUT/view/ (index.html + PNGs)",
+    )
     _add_parse_options(pa_)
     add_set(pa_, "page_window=32 or limits.max_pages=500")
     pa_.set_defaults(func=cmd_parse)

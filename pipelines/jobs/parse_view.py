@@ -64,7 +64,39 @@ def page_rows(page: Page) -> list[dict[str, Any]]:
     ]
 
 
-def run_parse(inputs: Sequence[str], out: Path, config: Any, save_crops: bool = True) -> dict[str, int]:
+def write_view_index(view_dir: Path, pages: list[tuple[str, int, str]]) -> Path:
+    """``view_dir/index.html``: every drawn page (source, page index, PNG name), grouped by document, with the
+    colour legend of ``parsing.visualize``. Returns its path."""
+    import html
+
+    from parsing.visualize import COLOURS
+
+    legend = " ".join(
+        f'<span style="color:rgb({int(r * 255)},{int(g * 255)},{int(b * 255)})">&#9632; {k}</span>'
+        for k, (r, g, b) in COLOURS.items()
+    )
+    parts = [
+        "<!doctype html><meta charset=utf-8><title>scifolio parse: boxes</title>",
+        "<style>body{font-family:sans-serif}img{border:1px solid #ccc;margin:4px;max-width:48%}</style>",
+        f"<p>Each box is labelled &lt;reading order&gt;&lt;kind&gt;[&gt;&lt;caption of&gt;]. {legend} "
+        '<span style="color:grey">&#9632; other kinds</span></p>',
+    ]
+    current = None
+    for source, index, name in pages:
+        if source != current:
+            parts.append(f"<h3>{html.escape(source)}</h3>")
+            current = source
+        parts.append(f'<img src="{html.escape(name)}" title="page {index}" alt="page {index}">')
+    target = view_dir / "index.html"
+    target.write_text("\n".join(parts) + "\n")
+    return target
+
+
+def run_parse(
+    inputs: Sequence[str], out: Path, config: Any, save_crops: bool = True, view: bool = False
+) -> dict[str, int]:
+    """Parse ``inputs`` into ``out``; ``view``: also draw every page with its boxes, kinds and reading order
+    into ``out/view/*.png`` and ``out/view/index.html`` (for a person to check a document at a glance)."""
     from tqdm import tqdm
 
     from parsing import iter_parse
@@ -77,6 +109,12 @@ def run_parse(inputs: Sequence[str], out: Path, config: Any, save_crops: bool = 
         crops_dir.mkdir(exist_ok=True)
     counts = {"documents": 0, "pages": 0, "blocks": 0, "dropped": 0}
     dropped: list[Dropped] = []
+    drawn: list[tuple[str, int, str]] = []
+    view_dir = out / "view"
+    if view:
+        from parsing.visualize import draw_boxes
+
+        view_dir.mkdir(exist_ok=True)
     tmp = out / ".blocks.parquet.tmp"
     with pq.ParquetWriter(tmp, BLOCKS_SCHEMA, compression="zstd") as writer:
         for path in tqdm(list_inputs(inputs), desc="parse", unit="doc", file=sys.stderr):
@@ -95,6 +133,10 @@ def run_parse(inputs: Sequence[str], out: Path, config: Any, save_crops: bool = 
                     counts["blocks"] += len(rows)
                     if rows:
                         writer.write_table(pa.Table.from_pylist(rows, schema=BLOCKS_SCHEMA))
+                    if view:
+                        name = f"{item.doc_id[:12]}_{Path(path).stem[:40]}_p{item.page_index:04d}.png"
+                        (view_dir / name).write_bytes(draw_boxes(data, item, 100))
+                        drawn.append((path, item.page_index, name))
                     if save_crops:
                         for crop in item.crops:
                             target = crops_dir / f"{crop.sha256}.png"
@@ -103,6 +145,8 @@ def run_parse(inputs: Sequence[str], out: Path, config: Any, save_crops: bool = 
                 else:
                     dropped.append(item)
     tmp.replace(out / "blocks.parquet")
+    if view:
+        write_view_index(view_dir, drawn)
     counts["dropped"] = len(dropped)
     (out / "quarantine" / "parse.jsonl").write_text("".join(json.dumps(d.to_row()) + "\n" for d in dropped))
     return counts

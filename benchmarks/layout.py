@@ -1,0 +1,205 @@
+"""Layout quality: figure / table / display-equation boxes of ``scifolio parse`` and of each wrapped backend
+used bare, scored against reference boxes, side by side, with pages/s.
+
+    python benchmarks/layout.py ../shared/devset [--only scifolio,mineru] [-v] [--draw /tmp/layout]
+
+DIR holds ``pdfs/*.pdf`` and ``truth/*.json`` (``{"pdf": NAME, "pages": {"0": [{"kind", "bbox"}]}}``,
+PDF points, top-left origin, 0-based pages). A predicted box matches a reference box of the same kind
+when IoU >= 0.5, greedily best IoU first: the rule of the development set's ``score.py`` (copied below
+verbatim; ``tests/parsing/test_layout_bench.py`` checks it against that file when present).
+
+Rows:
+- ``scifolio`` — ``parsing.Parser.iter_parse`` with the default ``ParseConfig`` (what ``scifolio parse``
+  writes): MinerU flash, the rapid-layout scan path for image-only pages, box clean-up.
+- ``mineru`` — MinerU flash ``parse`` on the whole file, its blocks mapped to our kinds, nothing else.
+- ``pymupdf`` — PyMuPDF's ONNX layout model (``pymupdf.layout`` via pymupdf4llm) on every page.
+- ``rapid-layout`` — the scan path (page render, rapid-layout CDLA regions, OCR text) on every page, without
+  our cut of equation regions at prose lines.
+Bare backends run in this process after one warm-up page; ``scifolio`` runs in its worker, warmed on
+the first file. pages/s counts all pages of all files, wall clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+KINDS = ("figure", "table", "equation")
+ROWS = ("scifolio", "mineru", "pymupdf", "rapid-layout")
+
+
+# ---- scoring: the development set's score.py rule, unchanged ------------------------------------------
+def iou(a, b):
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    area_a = max(0.0, a[2] - a[0]) * max(0.0, a[3] - a[1])
+    area_b = max(0.0, b[2] - b[0]) * max(0.0, b[3] - b[1])
+    union = area_a + area_b - inter
+    return inter / union if union > 0 else 0.0
+
+
+def matches(truth, pred, thr=0.5):
+    pairs = sorted(((iou(t, p), i, j) for i, t in enumerate(truth) for j, p in enumerate(pred)), reverse=True)
+    used_t, used_p = set(), set()
+    for v, i, j in pairs:
+        if v < thr:
+            break
+        if i not in used_t and j not in used_p:
+            used_t.add(i)
+            used_p.add(j)
+    return len(used_t)
+
+
+def prf(a: int, n: int, p: int) -> tuple[float, float, float]:
+    pr, rc = (a / p if p else 0.0), (a / n if n else 0.0)
+    return pr, rc, (2 * pr * rc / (pr + rc) if pr + rc else 0.0)
+
+
+Preds = dict[str, dict[str, list[tuple[str, list[float]]]]]  # pdf name -> page ("0") -> [(kind, bbox)]
+
+
+def score(refs: list[dict], preds: Preds, verbose: bool = False) -> dict[str, tuple[int, int, int]]:
+    """kind (and "micro") -> (matched, reference count, predicted count), as score.py counts them."""
+    tp, nt, npred = defaultdict(int), defaultdict(int), defaultdict(int)
+    for ref in refs:
+        pred = preds.get(ref["pdf"], {})
+        f = [0, 0, 0]
+        for page in set(ref["pages"]) | set(pred):
+            for k in KINDS:
+                t = [b["bbox"] for b in ref["pages"].get(page, []) if b["kind"] == k]
+                p = [bb for kk, bb in pred.get(page, []) if kk == k]
+                h = matches(t, p)
+                tp[k] += h
+                nt[k] += len(t)
+                npred[k] += len(p)
+                f[0] += h
+                f[1] += len(t)
+                f[2] += len(p)
+        if verbose:
+            print(f"    {ref['pdf']}: matched {f[0]} of {f[1]} reference boxes, {f[2]} predicted")
+    out = {k: (tp[k], nt[k], npred[k]) for k in KINDS}
+    out["micro"] = (sum(tp.values()), sum(nt.values()), sum(npred.values()))
+    return out
+
+
+def load_refs(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((folder / "truth").glob("*.json"))]
+
+
+# ---- runners: each returns (predictions, pages, seconds) -----------------------------------------------
+def _add(preds: Preds, name: str, page: int, kind: str, bbox) -> None:
+    if kind in KINDS:
+        preds.setdefault(name, {}).setdefault(str(page), []).append((kind, [float(x) for x in bbox]))
+
+
+def run_scifolio(files: list[Path], draw: Path | None) -> tuple[Preds, int, float]:
+    from formats.records import Page
+    from parsing import ParseConfig, Parser
+
+    cfg = ParseConfig()
+    preds: Preds = {}
+    pages = 0
+    with Parser() as parser:
+        list(parser.iter_parse(files[0].read_bytes(), str(files[0]), cfg))  # warm-up: worker start, models
+        t0 = time.perf_counter()
+        for f in files:
+            data = f.read_bytes()
+            for r in parser.iter_parse(data, str(f), cfg):
+                if isinstance(r, Page):
+                    pages += 1
+                    for b in r.blocks:
+                        _add(preds, f.name, r.page_index, b.kind, b.bbox)
+                    if draw is not None:
+                        from parsing.visualize import draw_boxes
+
+                        draw.mkdir(parents=True, exist_ok=True)
+                        (draw / f"{f.stem[:40]}_p{r.page_index:03d}.png").write_bytes(draw_boxes(data, r, 100))
+        secs = time.perf_counter() - t0
+    return preds, pages, secs
+
+
+def _run_backend(name: str, files: list[Path]) -> tuple[Preds, int, float]:
+    import pymupdf
+
+    from parsing.backends import OcrBackend, make_backend
+
+    # the scan path bare: rapid-layout's regions without our cut of equation regions at prose lines
+    backend = OcrBackend(split_equations=False) if name == "rapidocr" else make_backend(name)
+    backend.load()
+    with pymupdf.open(files[0]) as doc:  # warm-up on one page
+        backend.parse(str(files[0]), doc, [0])
+    preds: Preds = {}
+    pages = 0
+    t0 = time.perf_counter()
+    for f in files:
+        with pymupdf.open(f) as doc:
+            idx = list(range(doc.page_count))
+            pages += len(idx)
+            for i, parsed in backend.parse(str(f), doc, idx).items():
+                for b in parsed.blocks:
+                    _add(preds, f.name, i, b.kind, b.bbox)
+    return preds, pages, time.perf_counter() - t0
+
+
+RUNNERS = {
+    "scifolio": run_scifolio,
+    "mineru": lambda files, draw: _run_backend("mineru", files),
+    "pymupdf": lambda files, draw: _run_backend("pymupdf", files),
+    "rapid-layout": lambda files, draw: _run_backend("rapidocr", files),
+}
+
+
+def table(results: dict[str, tuple[dict[str, tuple[int, int, int]], int, float]]) -> str:
+    names = list(results)
+    lines = [f"{'kind':9s} " + " ".join(f"{n:>26s}" for n in names)]
+    for k in (*KINDS, "micro"):
+        cells = []
+        for n in names:
+            a, t, p = results[n][0][k]
+            pr, rc, f1 = prf(a, t, p)
+            cells.append(f"P{pr:.2f} R{rc:.2f} F1 {f1:.3f} {a:2d}/{t:<2d}/{p:<2d}")
+        lines.append(f"{k:9s} " + " ".join(f"{c:>26s}" for c in cells))
+    lines.append(f"{'pages/s':9s} " + " ".join(f"{r[1] / r[2]:>26.2f}" for r in results.values()))
+    lines.append("(cells: precision, recall, F1, matched/reference/predicted)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", type=Path, help="a folder with pdfs/ and truth/ (e.g. ../shared/devset)")
+    ap.add_argument("--only", default=",".join(ROWS), help=f"comma-separated rows to run (default: {','.join(ROWS)})")
+    ap.add_argument("-v", "--verbose", action="store_true", help="per-file matched counts")
+    ap.add_argument("--draw", type=Path, default=None, help="write scifolio's pages with boxes drawn here")
+    ap.add_argument("--dump", type=Path, default=None, help="write every row's predicted boxes to this JSON file")
+    args = ap.parse_args(argv)
+    if not (args.folder / "truth").is_dir():
+        print(f"skip: {args.folder}/truth not found (the development set is not part of the repository)")
+        return 0
+    refs = load_refs(args.folder)
+    files = sorted((args.folder / "pdfs").glob("*.pdf"))
+    wanted = {r["pdf"] for r in refs}
+    files = [f for f in files if f.name in wanted]
+    results = {}
+    dumped = {}
+    for name in args.only.split(","):
+        preds, pages, secs = RUNNERS[name](files, args.draw)
+        dumped[name] = preds
+        if args.verbose:
+            print(f"  {name}:")
+        results[name] = (score(refs, preds, args.verbose), pages, secs)
+    if args.dump is not None:
+        args.dump.write_text(json.dumps(dumped))
+    print(f"{len(files)} PDFs, {results[next(iter(results))][1]} pages, IoU >= 0.5")
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
