@@ -141,8 +141,9 @@ class Parser:
             return
         doc_id = sha256_hex(data)
         hang = os.environ.get(TEST_HANG_ENV) or None
-        start = time.monotonic()
-        doc_deadline = start + config.doc_timeout_s
+        # The document's clock starts when a worker is ready for it (a cold or restarted worker's start-up is
+        # not the document's time; WORKER_START_TIMEOUT_S bounds that).
+        doc_deadline = float("inf")
         document: Document | None = None
         done_pages: set[int] = set()
         # Work queue of (pages, window size); None pages = the whole document (count unknown until opened).
@@ -267,6 +268,8 @@ class Parser:
                     now = time.monotonic()
                     if kind == "ready":
                         ready = True
+                        if doc_deadline == float("inf"):
+                            doc_deadline = now + config.doc_timeout_s
                         deadline = min(doc_deadline, now + page_s)  # opening the file
                     elif kind == "doc":
                         if document is None:
