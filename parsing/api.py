@@ -141,8 +141,9 @@ class Parser:
             return
         doc_id = sha256_hex(data)
         hang = os.environ.get(TEST_HANG_ENV) or None
-        start = time.monotonic()
-        doc_deadline = start + config.doc_timeout_s
+        # The document's clock starts when a worker is ready for it (a cold or restarted worker's start-up is
+        # not the document's time; WORKER_START_TIMEOUT_S bounds that).
+        doc_deadline = float("inf")
         document: Document | None = None
         done_pages: set[int] = set()
         # Work queue of (pages, window size); None pages = the whole document (count unknown until opened).
@@ -267,6 +268,8 @@ class Parser:
                     now = time.monotonic()
                     if kind == "ready":
                         ready = True
+                        if doc_deadline == float("inf"):
+                            doc_deadline = now + config.doc_timeout_s
                         deadline = min(doc_deadline, now + page_s)  # opening the file
                     elif kind == "doc":
                         if document is None:
@@ -352,7 +355,12 @@ def iter_parse(data: bytes, source: str, config: ParseConfig) -> Iterator[Docume
     it did not reach. Nothing raises except ``BackendUnavailable`` (a configuration error: e.g. MinerU tier
     ``standard`` without its models), which would otherwise quarantine every document.
 
-    Runs in a per-process worker (``Parser``) that is reused across calls and killed on timeouts.
+    Runs in a per-process worker (``Parser``) that is reused across calls. Timeouts: every page, a document's
+    first and only one included, gets ``page_timeout_s`` to have its content read (``is_scanned``) and to be
+    finished (clean-up, crops), enforced per page by the worker on its helper processes (a stuck page costs
+    the timeout plus a restart of the helpers); a window in the backend gets ``page_timeout_s`` × its pages,
+    enforced by killing the worker. Both clocks and ``doc_timeout_s`` start when the worker is ready (a cold
+    or restarted worker's start-up is not the document's time; ``WORKER_START_TIMEOUT_S`` bounds it).
     """
     yield from _default_parser().iter_parse(data, source, config)
 

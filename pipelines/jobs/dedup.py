@@ -3,6 +3,11 @@
     result = texts | NearDuplicates(DedupConfig())      # texts: PCollection of (doc_id, [page text] | None)
     result["kept"]     # doc ids to build
     result["dropped"]  # Dropped(doc_id, "dedup", "near_duplicate", {"kept": ..., "similarity": ...}).to_row()
+    result["duplicates"]  # one element: {dropped doc_id: (kept doc_id, similarity)}, for a side input
+
+In the corpus job (before ProcessDocument, after the exact-duplicate step), keeping the (doc_id, path) pairs:
+    near = unique.docs | "FirstPagesText" >> beam.ParDo(FirstPagesText(cfg)) | "NearDup" >> NearDuplicates(cfg)
+    docs = unique.docs | beam.Filter(lambda kv, dup: kv[0] not in dup, dup=AsSingleton(near["duplicates"]))
 
 Graph: signature per document → one (band key, (doc_id, signature)) per LSH band → GroupByKey → verified
 pairs per bucket → Distinct → all pairs in one place (duplicates are few) → connected components, smallest
@@ -74,7 +79,7 @@ class NearDuplicates(beam.PTransform):
             | "Split"
             >> beam.FlatMap(split, dup=beam.pvalue.AsSingleton(duplicates)).with_outputs("dropped", main="kept")
         )
-        return {"kept": out.kept, "dropped": out.dropped}
+        return {"kept": out.kept, "dropped": out.dropped, "duplicates": duplicates}
 
 
 class FirstPagesText(beam.DoFn):

@@ -148,6 +148,9 @@ def test_beam_transform_matches_and_ignores_order(tmp_path: Path):
             out = p | beam.Create(order) | NearDuplicates(config)
             assert_that(out["kept"], equal_to(kept), label="kept")
             assert_that(out["dropped"], equal_to([d.to_row() for d in dropped]), label="dropped")
+            dup = {d.item_id: (d.detail["kept"], d.detail["similarity"]) for d in dropped}
+            rounded = out["duplicates"] | beam.Map(lambda m: {k: (v[0], round(v[1], 4)) for k, v in m.items()})
+            assert_that(rounded, equal_to([dup]), label="duplicates")
 
 
 def test_first_pages_text_gives_up_on_a_hanging_pdf():
