@@ -182,10 +182,11 @@ class Parser:
                         crashed = msg is EOF
                         now = time.monotonic()
                         if not ready and now < doc_deadline:  # nothing of the document was touched yet
+                            # An infrastructure failure, not the document's: the corpus job retries it.
                             yield Dropped(
                                 doc_id,
                                 "open",
-                                "worker_error",
+                                "worker_start",
                                 {
                                     "source": source,
                                     "detail": "the parse worker "
@@ -350,7 +351,8 @@ def iter_parse(data: bytes, source: str, config: ParseConfig) -> Iterator[Docume
 
     Yields first a ``Document`` (validated) or a ``Dropped`` (stage ``open``) and then stops; after a Document,
     ``Page`` records in page order and ``Dropped(item_id=f"{doc_id}:{page}", stage="parse")`` for pages that
-    failed (reasons ``timeout``, ``crash``, ``backend_error``, ``render_error``, ``worker_error``). A document
+    failed (reasons ``timeout``, ``crash``, ``backend_error``, ``render_error``, ``worker_error``; a worker that
+    could not start gives the document ``open``/``worker_start``, an infrastructure failure). A document
     that exceeds ``doc_timeout_s`` ends with ``Dropped(item_id=doc_id, reason="timeout")`` listing the pages
     it did not reach. Nothing raises except ``BackendUnavailable`` (a configuration error: e.g. MinerU tier
     ``standard`` without its models), which would otherwise quarantine every document.

@@ -126,6 +126,8 @@ class DocResult:
 _INFRA_TYPES: tuple[type[BaseException], ...] = (MemoryError, OSError, ConnectionError, TimeoutError)
 _INFRA_NAMES = {"OutOfMemoryError", "BackendUnavailable", "DistBackendError"}
 _INFRA_MESSAGES = ("out of memory", "cuda error", "cudnn_status", "nccl")
+INFRA_REASONS = frozenset({"worker_start"})
+"""Document-level dead letters of the parser that are infrastructure failures (retried, never final)."""
 
 
 def is_infrastructure_error(exc: BaseException) -> bool:
@@ -199,6 +201,8 @@ class DocumentBuilder:
             else:
                 dropped.append(item)
         doc_level = [d for d in dropped if d.item_id in (doc_id, source)]
+        if any(d.reason in INFRA_REASONS for d in doc_level):  # the machine failed, not the document
+            raise RetryableError(f"{source}: {[d.to_row() for d in doc_level]}")
         if document is None or doc_level:
             # Rejected at open, or failed as a whole (e.g. a document timeout): nothing of it is kept,
             # and it is accounted for once, by its document-level dead letter.

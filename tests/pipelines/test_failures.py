@@ -108,3 +108,15 @@ def test_out_of_memory_in_the_scorer_leaves_the_document_retryable(tmp_path: Pat
     m = Manifest.read(out)
     assert m.totals.documents_in_shards == 2 and m.totals.documents_retryable == 0
     assert not [d for d in iter_quarantine(out / "quarantine") if d.reason == "retryable"]
+
+
+def test_a_parse_worker_that_cannot_start_is_an_infrastructure_failure(tiny_tokenizer):
+    from formats.records import Dropped
+
+    data = b"%PDF-fake-2"
+    doc_id = __import__("hashlib").sha256(data).hexdigest()
+    builder = DocumentBuilder(BuildConfig(tokenizer=tiny_tokenizer))
+    with pytest.raises(RetryableError):
+        builder.build(data, "x.pdf", [Dropped(doc_id, "open", "worker_start", {"source": "x.pdf"})])
+    final = builder.build(data, "x.pdf", [Dropped(doc_id, "open", "corrupt", {"source": "x.pdf"})])
+    assert [(d.stage, d.reason) for d in final.dropped] == [("open", "corrupt")] and not final.retryable
