@@ -112,6 +112,8 @@ class MemdecConfig:
     """jsonl of {"question", "answer"} (or {"text"}) rows: the datastore and memory corpus."""
     domain_eval: str = ""
     """Domain held-out jsonl."""
+    shards: str = ""
+    """Directory of corpus shards (``*.parquet``) whose text is a second datastore/memory source; empty = none."""
     general_train: str = ""
     """General-text jsonl ({"text"}): the base's pre-training set and the router's general half."""
     general_eval: str = ""
@@ -130,6 +132,9 @@ class MemdecConfig:
     """Generated data sizes (``prepare``)."""
     seed: int = 0
     """Seeds model init and batch order."""
+    threads: int = 0
+    """torch intra-op threads; 0 = torch's default (one per core). Tiny models want 1: on a busy 2-core machine
+    two OpenMP threads spin against other processes and ran base training 14x slower here."""
 
     def path(self, name: str) -> str:
         """A configured path, or its default under ``work_dir``."""
@@ -171,6 +176,7 @@ def debug(work_dir: str = "out/memdec", **overrides: Any) -> MemdecConfig:
         memory=MemoryConfig(steps=250, batch=16, beta=0.5, save_every=100),
         router=RouterTrainConfig(steps=250, batch=32, alpha_s=0.1),
         synthetic=SyntheticConfig(n_genes=40, n_general_train=2000, n_general_eval=100),
+        threads=1,
     )
     return with_overrides(cfg, overrides)
 

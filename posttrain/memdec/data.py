@@ -69,6 +69,41 @@ def load_examples(path: str | Path, tokenizer, max_len: int) -> list[Example]:
     return encode_rows(read_jsonl(path), tokenizer, max_len)
 
 
+SHARD_SOURCE_OFFSET = 1 << 40  # example indices of the corpus-shard source start here (ids stay below 2^63)
+
+
+def shard_texts(shards_dir: str | Path) -> Iterator[str]:
+    """The text of every chunk in a directory of corpus shards (``*.parquet``, the schema of pipelines/shards.py):
+    its ``text`` segments joined, in file-name, row and segment order (so indices are stable across runs).
+    Read with pyarrow directly, one row batch at a time: posttrain does not import pipelines."""
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(shards_dir).glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no *.parquet shards in {shards_dir}")
+    for f in files:
+        for rb in pq.ParquetFile(f).iter_batches(batch_size=16, columns=["segments"]):
+            for segs in rb.column(0).to_pylist():
+                text = " ".join(s["text"] for s in segs or () if s["kind"] == "text" and s["text"])
+                if text.strip():
+                    yield text
+
+
+def shard_examples(shards_dir: str | Path, tokenizer, max_len: int) -> list[Example]:
+    """Corpus text as answer-only examples: each chunk's tokens cut into windows of ``max_len − 2`` (BOS/EOS
+    around each window). Indices start at ``SHARD_SOURCE_OFFSET``, so their datastore ids never meet the SFT
+    source's."""
+    out: list[Example] = []
+    width = max(1, max_len - 2)
+    for text in shard_texts(shards_dir):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for start in range(0, len(ids), width):
+            window = ids[start : start + width]
+            full = (tokenizer.bos_token_id, *window, tokenizer.eos_token_id)
+            out.append(Example(index=SHARD_SOURCE_OFFSET + len(out), ids=full, answer_start=1))
+    return out
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 

@@ -8,6 +8,7 @@ reference path on CPU; an RL engine option (vLLM) is not part of this module.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,8 +31,14 @@ class Generation:
 
 
 def _step(model, ids: Tensor, past):
-    out = model(input_ids=ids, past_key_values=past, use_cache=True, output_hidden_states=True)
-    return out.logits[:, -1].float(), out.hidden_states[-1][:, -1].float(), out.past_key_values
+    # transformers ≥ 5.2x names the KV cache ``cache`` (``past_key_values`` is deprecated, gone in 5.40).
+    if "cache" in inspect.signature(model.forward).parameters:
+        out = model(input_ids=ids, cache=past, use_cache=True, output_hidden_states=True)
+        nxt = out.cache
+    else:
+        out = model(input_ids=ids, past_key_values=past, use_cache=True, output_hidden_states=True)
+        nxt = out.past_key_values
+    return out.logits[:, -1].float(), out.hidden_states[-1][:, -1].float(), nxt
 
 
 def fused_step(base_logits: Tensor, mem_logits: Tensor, h_base: Tensor, h_mem: Tensor, router: Router):

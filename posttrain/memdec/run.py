@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from posttrain.memdec.config import MemdecConfig
-from posttrain.memdec.data import load_examples, load_lm, load_tokenizer
+from posttrain.memdec.data import load_examples, load_lm, load_tokenizer, shard_examples
 from posttrain.memdec.datastore import KeyValueStore, build_datastore, write_knn_targets
 from posttrain.memdec.evaluate import EvalReport, evaluate
 from posttrain.memdec.synthetic import write_synthetic
@@ -31,6 +31,11 @@ from posttrain.memdec.train import (
     train_router,
 )
 from posttrain.memory_decoder import RouterConfig
+
+
+def _threads(cfg: MemdecConfig) -> None:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
 
 
 def _bar(total: int, desc: str, quiet: bool):
@@ -57,6 +62,7 @@ def _need(path: str | Path, what: str, hint: str) -> None:
 
 def prepare(cfg: MemdecConfig, quiet: bool = False) -> dict:
     """Generate the synthetic sets and tokenizer, then pre-train the tiny base on general text only."""
+    _threads(cfg)
     torch.manual_seed(cfg.seed)
     paths = write_synthetic(cfg.work_dir, cfg.synthetic)
     tok = load_tokenizer(str(paths["tokenizer"]))
@@ -70,6 +76,7 @@ def prepare(cfg: MemdecConfig, quiet: bool = False) -> dict:
 
 
 def _tok_and_base(cfg: MemdecConfig):
+    _threads(cfg)
     _need(cfg.path("tokenizer"), "tokenizer", "run `scifolio memdec prepare` or set tokenizer=")
     _need(cfg.path("base"), "base model", "run `scifolio memdec prepare` or set base=")
     tok = load_tokenizer(cfg.path("tokenizer"))
@@ -80,23 +87,31 @@ def _tok_and_base(cfg: MemdecConfig):
 
 
 def build(cfg: MemdecConfig, store: KeyValueStore, quiet: bool = False) -> dict:
-    """Encode the domain corpus into the store (resumable), then write the Eq 1 top-k targets."""
+    """Encode the domain corpus (and corpus shards) into the store (resumable), then write Eq 1 top-k targets."""
     tok, base = _tok_and_base(cfg)
-    _need(cfg.path("domain_train"), "domain corpus", "give domain_train= (jsonl of question/answer rows)")
-    examples = load_examples(cfg.path("domain_train"), tok, cfg.datastore.max_len)
     Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
     ds = cfg.datastore
-    with _bar(len(examples), "datastore keys", quiet) as bar:
-        stats = build_datastore(
-            base,
-            examples,
-            store,
-            Path(cfg.work_dir) / "datastore_cursor.json",
-            tok.pad_token_id,
-            ds.batch_examples,
-            source=str(Path(cfg.path("domain_train")).resolve()),
-            progress=bar.update,
-        )
+    _need(cfg.path("domain_train"), "domain corpus", "give domain_train= (jsonl of question/answer rows)")
+    sources = [("", cfg.path("domain_train"), load_examples(cfg.path("domain_train"), tok, ds.max_len))]
+    if cfg.shards:
+        sources.append(("_shards", cfg.shards, shard_examples(cfg.shards, tok, ds.max_len)))
+    stats = {"examples": 0, "keys": 0, "resumed_from": {}}
+    for suffix, source, examples in sources:
+        with _bar(len(examples), f"datastore keys{suffix.replace('_', ' ')}", quiet) as bar:
+            st = build_datastore(
+                base,
+                examples,
+                store,
+                Path(cfg.work_dir) / f"datastore_cursor{suffix}.json",
+                tok.pad_token_id,
+                ds.batch_examples,
+                source=str(Path(source).resolve()),
+                progress=bar.update,
+            )
+        stats["examples"] += st["examples"]
+        stats["keys"] += st["keys"]
+        stats["resumed_from"][suffix.strip("_") or "sft"] = st["resumed_from"]
+    examples = [e for _, _, exs in sources for e in exs]
     with _bar(len(examples), "kNN targets (Eq 1)", quiet) as bar:
         targets = write_knn_targets(
             base,

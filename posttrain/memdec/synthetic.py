@@ -50,6 +50,9 @@ class SyntheticConfig:
     """General-text training examples (2–3 sentences each) for the base model."""
     n_general_eval: int = 150
     """General-text held-out examples."""
+    general_domain_mix: float = 0.1
+    """Share of general-text sentences that use the domain's answer templates with random (wrong) facts: the base
+    then knows the domain's words and grammar but not its facts, so the comparison is about knowledge."""
     seed: int = 0
     """Seeds the fact table and every sampled sentence."""
 
@@ -74,8 +77,18 @@ def general_sentence(rng: random.Random) -> str:
     return s + " ."
 
 
-def general_examples(n: int, rng: random.Random) -> list[dict[str, str]]:
-    return [{"text": " ".join(general_sentence(rng) for _ in range(rng.randint(2, 3)))} for _ in range(n)]
+def random_fact_sentence(rng: random.Random, n_genes: int) -> str:
+    """A domain answer template filled with a random gene, factor, tissue and product (no consistent facts)."""
+    _, a = rng.choice(TEMPLATES)
+    g = rng.choice(gene_names(n_genes))
+    return a.format(g=g, f=rng.choice(FACTORS), t=rng.choice(TISSUES), p=rng.choice(PRODUCTS))
+
+
+def general_examples(n: int, rng: random.Random, n_genes: int = 0, mix: float = 0.0) -> list[dict[str, str]]:
+    def sentence() -> str:
+        return random_fact_sentence(rng, n_genes) if n_genes and rng.random() < mix else general_sentence(rng)
+
+    return [{"text": " ".join(sentence() for _ in range(rng.randint(2, 3)))} for _ in range(n)]
 
 
 def domain_examples(cfg: SyntheticConfig, rng: random.Random) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
@@ -124,11 +137,15 @@ def write_synthetic(out_dir: str | Path, cfg: SyntheticConfig) -> dict[str, Path
     out = Path(out_dir)
     rng = random.Random(cfg.seed)
     d_train, d_eval = domain_examples(cfg, rng)
+
+    def general(n: int) -> list[dict[str, str]]:
+        return general_examples(n, rng, cfg.n_genes, cfg.general_domain_mix)
+
     paths = {
         "domain_train": write_jsonl(out / "data" / "domain_train.jsonl", d_train),
         "domain_eval": write_jsonl(out / "data" / "domain_eval.jsonl", d_eval),
-        "general_train": write_jsonl(out / "data" / "general_train.jsonl", general_examples(cfg.n_general_train, rng)),
-        "general_eval": write_jsonl(out / "data" / "general_eval.jsonl", general_examples(cfg.n_general_eval, rng)),
+        "general_train": write_jsonl(out / "data" / "general_train.jsonl", general(cfg.n_general_train)),
+        "general_eval": write_jsonl(out / "data" / "general_eval.jsonl", general(cfg.n_general_eval)),
     }
     write_tokenizer(out / "tokenizer", vocabulary(cfg))
     paths["tokenizer"] = out / "tokenizer"
