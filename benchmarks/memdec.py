@@ -103,8 +103,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="generations per method (median reported)")
     ap.add_argument("--k", type=int, default=16, help="neighbours per kNN-LM lookup")
     ap.add_argument("--lookups", type=int, default=50, help="single-query searches for the latency percentiles")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (tiny models: 1; 0 = one per core)")
     args = ap.parse_args()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
 
     base, memory, router = models(args.vocab, args.hidden, args.work_dir)
     tmp = None

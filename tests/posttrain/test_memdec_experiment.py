@@ -42,4 +42,4 @@ def test_synthetic_experiment_claims(tmp_path, capsys) -> None:
     assert main(["memdec", "build-datastore", "--work-dir", work, "--quiet"]) == 0
     out = capsys.readouterr().out
     stats = json.loads(out.split("build-datastore: ", 1)[1].splitlines()[0])
-    assert stats["resumed_from"] == stats["examples"] and stats["stored"] == stats["keys"]
+    assert stats["resumed_from"] == {"sft": stats["examples"]} and stats["stored"] == stats["keys"]
