@@ -23,7 +23,7 @@ STAGES = ("prepare", "build-datastore", "train", "train-router", "eval", "all")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from posttrain.memdec.config import RECIPES
+    from posttrain.memdec.config import RECIPES, MemdecConfig
 
     p = subparsers.add_parser(
         "memdec",
@@ -42,7 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for stage in STAGES:
         s = sub.add_parser(stage, help=helps[stage], description=helps[stage])
         s.add_argument("--config", default="debug", choices=sorted(RECIPES), help="named recipe (posttrain/memdec)")
-        s.add_argument("--work-dir", default="out/memdec", help="where the run reads and writes everything")
+        s.add_argument(
+            "--work-dir", default=MemdecConfig.work_dir, help="where the run reads and writes everything (config)"
+        )
         s.add_argument(
             "--set",
             action="append",
