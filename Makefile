@@ -45,6 +45,7 @@ bench:
 	$(BIN)/python benchmarks/index.py
 	$(BIN)/python benchmarks/pretrain_step.py
 	$(BIN)/python benchmarks/rl_math.py
+	$(BIN)/python benchmarks/memdec.py --keys 1000000 --exact-baseline   # ~40 min: 1M Milvus Lite inserts + HNSW build
 
 clean:
 	rm -rf .cache .pytest_cache build *.egg-info

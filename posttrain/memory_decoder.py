@@ -62,6 +62,19 @@ def memory_loss(p_knn: Tensor, memory_logits: Tensor, gold: Tensor, beta: float 
     return (beta * kl + (1.0 - beta) * ce).mean()
 
 
+def sparse_memory_loss(
+    knn_tokens: Tensor, knn_probs: Tensor, memory_logits: Tensor, gold: Tensor, beta: float = 0.5
+) -> Tensor:
+    """Eq 2 with p_kNN given top-k sparse (``tokens, probs [B, K]``, zero-prob slots ignored): equal to
+    :func:`memory_loss` on the dense distribution, without ever materialising ``[B, V]`` targets."""
+    dt = torch.promote_types(memory_logits.dtype, torch.float32)
+    log_mem = torch.log_softmax(memory_logits.to(dt), dim=-1)
+    p = knn_probs.detach().to(dt)
+    kl = (torch.special.xlogy(p, p) - p * log_mem.gather(-1, knn_tokens.to(torch.int64))).sum(dim=-1)
+    ce = -log_mem.gather(-1, gold.unsqueeze(-1).to(torch.int64)).squeeze(-1)
+    return (beta * kl + (1.0 - beta) * ce).mean()
+
+
 def fuse(p_base: Tensor, p_mem: Tensor, lam: Tensor | float) -> Tensor:
     """Eq 3: ``(1−λ)·p_base + λ·p_mem``; λ scalar or one per row."""
     lam_t = torch.as_tensor(lam, dtype=p_base.dtype, device=p_base.device)

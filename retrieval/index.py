@@ -187,18 +187,33 @@ def merge_hits(per_shard: Iterable[Sequence[Hit]], k: int) -> list[Hit]:
     return ordered[:k]
 
 
-class ShardedIndex:
-    """N Milvus collections behind one object: ensure(dim), upsert, search (fan-out + merge), quality updates.
+def index_params(client, field: str, index_type: str, metric: str, build_params: Mapping[str, Any] | None = None):
+    """Milvus index parameters for one vector field (``build_params`` None = ``DEFAULT_BUILD_PARAMS``)."""
+    ip = client.prepare_index_params()
+    params = dict(build_params or DEFAULT_BUILD_PARAMS[index_type])
+    ip.add_index(field_name=field, index_type=index_type, metric_type=metric, params=params)
+    return ip
 
-    All collections normally share one URI (one Lite file, one server or cluster, which spreads the
-    collections over its query nodes). A URI containing ``{shard}`` (``./index_{shard}.db``) puts each shard
-    in its own Lite file (own store, lock and index files). Milvus Lite 3.x serves every file inside the client
-    process, so this is no parallel speed-up (see benchmarks/results/index.md); it keeps shard files separable.
-    """
 
-    def __init__(self, config: IndexConfig):
-        self.config = config
-        self.names = collection_names(config.name, config.n_shards)
+def search_params(index_type: str, metric: str, k: int, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``search_params`` argument of a search returning ``k`` hits (HNSW needs ef >= k)."""
+    out = dict(params or DEFAULT_SEARCH_PARAMS[index_type])
+    if "ef" in out:
+        out["ef"] = max(int(out["ef"]), k)
+    return {"metric_type": metric, "params": out}
+
+
+class ShardedCollections:
+    """Connection and life cycle of N collections ``<name>_s00 …`` at one URI (or a ``{shard}`` URI template),
+    shared by the crop index (:class:`ShardedIndex`) and the key-vector stores (``retrieval.vectors``).
+
+    The subclass sets ``config`` (with ``uri``, ``token``, ``consistency``, ``name``, ``n_shards``) before calling
+    ``__init__``'s body through ``super().__init__()``."""
+
+    config: Any
+
+    def __init__(self) -> None:
+        self.names = collection_names(self.config.name, self.config.n_shards)
         self._clients: dict[str, Any] = {}
         self._loaded: set[int] = set()
 
@@ -216,9 +231,12 @@ class ShardedIndex:
             self._clients[uri] = MilvusClient(uri=uri, token=self.config.token)
         client = self._clients[uri]
         if shard not in self._loaded and client.has_collection(self.names[shard]):
-            client.load_collection(self.names[shard])
+            self._load(client, shard)
             self._loaded.add(shard)
         return client
+
+    def _load(self, client, shard: int) -> None:
+        client.load_collection(self.names[shard])
 
     @property
     def client(self):
@@ -231,7 +249,7 @@ class ShardedIndex:
         self._clients.clear()
         self._loaded.clear()
 
-    def __enter__(self) -> ShardedIndex:
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -240,6 +258,79 @@ class ShardedIndex:
     @property
     def _read(self) -> dict[str, str]:
         return {"consistency_level": self.config.consistency}
+
+    def exists(self) -> bool:
+        return all(self.cl(i).has_collection(n) for i, n in enumerate(self.names))
+
+    def _vector_dim(self, shard: int, field: str) -> int:
+        for f in self.cl(shard).describe_collection(self.names[shard])["fields"]:
+            if f["name"] == field:
+                return int(f["params"]["dim"])
+        raise RuntimeError(f"collection {self.names[shard]} has no {field} field")
+
+    def _ensure(self, dim: int, schema, field: str, index_type: str, metric: str, build_params) -> None:
+        """Create missing collections; refuse to write into collections of another dimension.
+
+        Safe to call from every worker's setup: a concurrent create by another worker is tolerated."""
+        for i, name in enumerate(self.names):
+            client = self.cl(i)
+            if not client.has_collection(name):
+                try:
+                    client.create_collection(
+                        name,
+                        schema=schema,
+                        index_params=index_params(client, field, index_type, metric, build_params),
+                        consistency_level=self.config.consistency,
+                    )
+                except Exception:
+                    if not client.has_collection(name):
+                        raise
+            existing = self._vector_dim(i, field)
+            if existing != dim:
+                raise ValueError(f"index {self.config.name!r} holds {existing}-d vectors, the model gives {dim}-d")
+            self._load(client, i)
+            self._loaded.add(i)
+
+    def drop(self) -> None:
+        for i, name in enumerate(self.names):
+            if self.cl(i).has_collection(name):
+                self.cl(i).drop_collection(name)
+            self._loaded.discard(i)
+
+    def reload(self) -> None:
+        """Release and load every collection: Milvus Lite builds its ANN index for sealed data at load time,
+        so a bulk load ends with a reload before it is searched at full speed."""
+        for i, name in enumerate(self.names):
+            self.cl(i).flush(name)
+            self.cl(i).release_collection(name)
+            self.cl(i).load_collection(name)
+
+    def flush(self) -> None:
+        for i, name in enumerate(self.names):
+            self.cl(i).flush(name)
+
+    def counts(self) -> list[int]:
+        return [
+            int(self.cl(i).query(n, filter="", output_fields=["count(*)"], **self._read)[0]["count(*)"])
+            for i, n in enumerate(self.names)
+        ]
+
+    def count(self) -> int:
+        return sum(self.counts())
+
+
+class ShardedIndex(ShardedCollections):
+    """N Milvus collections behind one object: ensure(dim), upsert, search (fan-out + merge), quality updates.
+
+    All collections normally share one URI (one Lite file, one server or cluster, which spreads the
+    collections over its query nodes). A URI containing ``{shard}`` (``./index_{shard}.db``) puts each shard
+    in its own Lite file (own store, lock and index files). Milvus Lite 3.x serves every file inside the client
+    process, so this is no parallel speed-up (see benchmarks/results/index.md); it keeps shard files separable.
+    """
+
+    def __init__(self, config: IndexConfig):
+        self.config = config
+        super().__init__()
 
     # -- schema -----------------------------------------------------------------------------------------------
     def _schema(self, dim: int):
@@ -258,67 +349,14 @@ class ShardedIndex:
         s.add_field("quality", DataType.FLOAT)
         return s
 
-    def _index_params(self, client):
-        ip = client.prepare_index_params()
-        params = dict(self.config.build_params or DEFAULT_BUILD_PARAMS[self.config.index_type])
-        ip.add_index(
-            field_name="vector", index_type=self.config.index_type, metric_type=self.config.metric, params=params
-        )
-        return ip
-
-    def exists(self) -> bool:
-        return all(self.cl(i).has_collection(n) for i, n in enumerate(self.names))
-
     def dim(self) -> int:
         """Vector dimension of the existing collections."""
-        desc = self.cl(0).describe_collection(self.names[0])
-        for f in desc["fields"]:
-            if f["name"] == "vector":
-                return int(f["params"]["dim"])
-        raise RuntimeError(f"collection {self.names[0]} has no vector field")
+        return self._vector_dim(0, "vector")
 
     def ensure(self, dim: int) -> None:
-        """Create missing collections; refuse to write into collections of another dimension.
-
-        Safe to call from every worker's setup: a concurrent create by another worker is tolerated."""
-        for i, name in enumerate(self.names):
-            client = self.cl(i)
-            if not client.has_collection(name):
-                try:
-                    client.create_collection(
-                        name,
-                        schema=self._schema(dim),
-                        index_params=self._index_params(client),
-                        consistency_level=self.config.consistency,
-                    )
-                except Exception:
-                    if not client.has_collection(name):
-                        raise
-            existing = self._dim_of(i)
-            if existing != dim:
-                raise ValueError(f"index {self.config.name!r} holds {existing}-d vectors, the model gives {dim}-d")
-            client.load_collection(name)
-            self._loaded.add(i)
-
-    def _dim_of(self, shard: int) -> int:
-        for f in self.cl(shard).describe_collection(self.names[shard])["fields"]:
-            if f["name"] == "vector":
-                return int(f["params"]["dim"])
-        raise RuntimeError(f"collection {self.names[shard]} has no vector field")
-
-    def drop(self) -> None:
-        for i, name in enumerate(self.names):
-            if self.cl(i).has_collection(name):
-                self.cl(i).drop_collection(name)
-            self._loaded.discard(i)
-
-    def reload(self) -> None:
-        """Release and load every collection: Milvus Lite builds its ANN index for sealed data at load time,
-        so a bulk load ends with a reload before it is searched at full speed."""
-        for i, name in enumerate(self.names):
-            self.cl(i).flush(name)
-            self.cl(i).release_collection(name)
-            self.cl(i).load_collection(name)
+        """Create missing collections; refuse to write into collections of another dimension."""
+        c = self.config
+        self._ensure(dim, self._schema(dim), "vector", c.index_type, c.metric, c.build_params)
 
     # -- writes -----------------------------------------------------------------------------------------------
     def upsert(self, rows: Sequence[IndexRow]) -> int:
@@ -369,19 +407,7 @@ class ShardedIndex:
                 changed.append(IndexRow(**{k: r[k] for k in IndexRow.__dataclass_fields__}))
         return self.upsert(changed) if changed else 0
 
-    def flush(self) -> None:
-        for i, name in enumerate(self.names):
-            self.cl(i).flush(name)
-
     # -- reads ------------------------------------------------------------------------------------------------
-    def counts(self) -> list[int]:
-        return [
-            int(self.cl(i).query(n, filter="", output_fields=["count(*)"], **self._read)[0]["count(*)"])
-            for i, n in enumerate(self.names)
-        ]
-
-    def count(self) -> int:
-        return sum(self.counts())
 
     def ids(self) -> list[str]:
         """Every stored sha256, sorted (iterates; meant for tests and small indexes)."""
@@ -396,16 +422,14 @@ class ShardedIndex:
         return sorted(out)
 
     def _search_shard(self, shard: int, vectors: list[list[float]], k: int, flt: str, via: str) -> list[list[Hit]]:
-        params = dict(self.config.search_params or DEFAULT_SEARCH_PARAMS[self.config.index_type])
-        if "ef" in params:
-            params["ef"] = max(int(params["ef"]), k)  # HNSW needs ef >= k
+        c = self.config
         res = self.cl(shard).search(
             self.names[shard],
             data=vectors,
             limit=k,
             filter=flt,
             output_fields=OUTPUT_FIELDS,
-            search_params={"metric_type": self.config.metric, "params": params},
+            search_params=search_params(c.index_type, c.metric, k, c.search_params),
             anns_field="vector",
             **self._read,
         )

@@ -1,0 +1,127 @@
+"""``scifolio memdec``: the Memory Decoder stages (posttrain/memdec) with the datastore in sharded Milvus collections
+(retrieval/vectors.py; Milvus Lite file by default, a server URI with ``--set store.uri=http://host:19530``).
+
+    scifolio memdec prepare --config debug --work-dir out/memdec   # synthetic data + tiny base on general text
+    scifolio memdec build-datastore --config debug --work-dir out/memdec
+    scifolio memdec train --config debug --work-dir out/memdec [--resume]
+    scifolio memdec train-router --config debug --work-dir out/memdec
+    scifolio memdec eval --config debug --work-dir out/memdec [--check]
+    scifolio memdec all --config debug --work-dir out/memdec       # every stage in order
+
+Any config field: ``--set memory.steps=50 --set store.index_type=FLAT``. The Milvus server binds every
+interface: on a shared host run it inside a loopback-only namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+
+STAGES = ("prepare", "build-datastore", "train", "train-router", "eval", "all")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from posttrain.memdec.config import RECIPES, MemdecConfig
+
+    p = subparsers.add_parser(
+        "memdec",
+        help="Memory Decoder: datastore, memory, router, fused decoding, eval",
+        description="Memory Decoder stages (SPEC §C9). Run them in order; each reads what the previous wrote.",
+    )
+    sub = p.add_subparsers(dest="memdec_command", metavar="STAGE", required=True)
+    helps = {
+        "prepare": "generate the synthetic domain/general sets and pre-train the tiny base on general text",
+        "build-datastore": "encode the domain corpus into Milvus (resumable) and precompute Eq 1 kNN targets",
+        "train": "train the memory model on the kNN targets (Eq 2), checkpoint/resume",
+        "train-router": "train the λ router with base and memory frozen (Eq 4)",
+        "eval": "held-out PPL of base / memory / fused and mean λ on domain and general text",
+        "all": "every stage in order",
+    }
+    for stage in STAGES:
+        s = sub.add_parser(stage, help=helps[stage], description=helps[stage])
+        s.add_argument("--config", default="debug", choices=sorted(RECIPES), help="named recipe (posttrain/memdec)")
+        s.add_argument(
+            "--work-dir", default=MemdecConfig.work_dir, help="where the run reads and writes everything (config)"
+        )
+        s.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config field, e.g. memory.steps=50 or store.uri=http://127.0.0.1:19530 (repeatable)",
+        )
+        s.add_argument("--quiet", action="store_true", help="no progress bars")
+        if stage in ("train", "all"):
+            s.add_argument("--resume", action="store_true", help="continue the memory from <work-dir>/memory/ckpt")
+        if stage in ("eval", "all"):
+            s.add_argument("--check", action="store_true", help="exit 1 when a claim of the experiment fails")
+        if stage in ("build-datastore", "all"):
+            s.add_argument("--fresh", action="store_true", help="drop the collections and the cursor first")
+        s.set_defaults(func=run_memdec)
+
+
+def config_from_args(args: argparse.Namespace):
+    from posttrain.memdec.config import RECIPES, with_overrides
+
+    cfg = RECIPES[args.config](work_dir=args.work_dir)
+    overrides = {}
+    for item in args.set:
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise ValueError(f"--set takes KEY=VALUE, got {item!r}")
+        try:
+            overrides[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            overrides[key] = raw
+    return with_overrides(cfg, overrides)
+
+
+def open_store(cfg):
+    """The retrieval store behind posttrain's KeyValueStore protocol."""
+    from retrieval.vectors import ShardedVectorStore, VectorStoreConfig
+
+    s = cfg.store
+    return ShardedVectorStore(
+        VectorStoreConfig(uri=cfg.store_uri, name=s.name, n_shards=s.n_shards, index_type=s.index_type, metric=s.metric)
+    )
+
+
+def run_memdec(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from posttrain.memdec import run
+
+    try:
+        cfg = config_from_args(args)
+    except (KeyError, TypeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stage = args.memdec_command
+    todo = STAGES[:-1] if stage == "all" else (stage,)
+    try:
+        for st in todo:
+            if st == "prepare":
+                out = run.prepare(cfg, quiet=args.quiet)
+            elif st == "build-datastore":
+                with open_store(cfg) as store:
+                    if args.fresh:
+                        store.drop()
+                        (Path(cfg.work_dir) / "datastore_cursor.json").unlink(missing_ok=True)
+                    out = run.build(cfg, store, quiet=args.quiet)
+            elif st == "train":
+                out = run.train(cfg, resume=args.resume, quiet=args.quiet)
+            elif st == "train-router":
+                out = run.fit_router(cfg, quiet=args.quiet)
+            else:
+                report = run.run_eval(cfg)
+                print(report.table())
+                if args.check and not report.ok():
+                    return 1
+                continue
+            print(f"{st}: {json.dumps(out)}")
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,229 @@
+"""Memory Decoder configs: small frozen dataclasses; named runs are functions (``RECIPES``).
+
+    from posttrain.memdec.config import RECIPES, with_overrides
+    cfg = with_overrides(RECIPES["debug"]("out/memdec"), {"memory.steps": 50})
+
+Paths left empty resolve under ``work_dir`` (``MemdecConfig.path``), so one ``--work-dir`` places a whole run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from posttrain.memdec.synthetic import SyntheticConfig
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """The Milvus collection family holding the datastore (the CLI turns it into retrieval's store config)."""
+
+    uri: str = ""
+    """Milvus Lite file or server URI; empty = ``<work_dir>/datastore.db``."""
+    name: str = "memdec"
+    """Collection prefix: ``<name>_s00`` …"""
+    n_shards: int = 2
+    """Collections the keys are spread over (fixed once written)."""
+    index_type: str = "HNSW"
+    """ANN index (FLAT = exact)."""
+    metric: str = "L2"
+    """L2: Milvus returns squared Euclidean distances, used as Eq 1's d unchanged."""
+
+
+@dataclass(frozen=True)
+class DatastoreConfig:
+    """How keys are made and how kNN targets are computed from them (Eq 1)."""
+
+    batch_examples: int = 32
+    """Examples encoded and upserted per committed batch (the resume cursor moves by whole batches)."""
+    max_len: int = 128
+    """Token cap per example (question + answer + BOS/EOS); longer examples are cut."""
+    k: int = 16
+    """Neighbours per query (N of Eq 1)."""
+    tau: float = 1.0
+    """Temperature τ of Eq 1, in units of Milvus' squared-L2 distance."""
+    exclude_self: bool = True
+    """Drop a training position's own key from its neighbours (else the target collapses onto the gold token)."""
+    search_batch: int = 256
+    """Queries per Milvus search call when precomputing targets."""
+
+
+@dataclass(frozen=True)
+class BaseTrainConfig:
+    """Pre-training of the tiny base on general text (the synthetic experiment only; a real base is given)."""
+
+    hidden: int = 64
+    """Hidden size of the 2-layer Qwen2 base."""
+    steps: int = 300
+    """Optimizer steps."""
+    batch: int = 32
+    """Examples per step."""
+    lr: float = 3e-3
+    """AdamW learning rate (cosine to 10%)."""
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """The memory model and its Eq 2 training."""
+
+    hidden: int = 64
+    """Hidden size of the 2-layer Qwen2 memory (same tokenizer as the base)."""
+    steps: int = 300
+    """Optimizer steps in total (a resumed run continues up to this)."""
+    batch: int = 16
+    """Examples per step."""
+    lr: float = 3e-3
+    """AdamW learning rate (cosine to 10%)."""
+    beta: float = 0.5
+    """β of Eq 2: weight of KL(p_kNN ‖ p_mem) against CE(gold)."""
+    save_every: int = 100
+    """Checkpoint every N steps (and at the end)."""
+
+
+@dataclass(frozen=True)
+class RouterTrainConfig:
+    """The λ router and its Eq 4 training on a domain/general mixture."""
+
+    width: int = 64
+    """Router MLP width."""
+    steps: int = 200
+    """Optimizer steps."""
+    batch: int = 32
+    """Examples per step, half domain, half general."""
+    lr: float = 3e-3
+    """Adam learning rate."""
+    alpha_s: float = 0.1
+    """α_s of Eq 4: strength of the signed prior (−1 domain, +1 general)."""
+
+
+@dataclass(frozen=True)
+class MemdecConfig:
+    """One Memory Decoder run."""
+
+    work_dir: str = "out/memdec"
+    """Everything the run writes: models, datastore cursor, kNN targets, checkpoints, eval.json."""
+    base: str = ""
+    """Frozen base causal LM (HF name or path); empty = ``<work_dir>/base`` (trained by ``prepare``)."""
+    tokenizer: str = ""
+    """Tokenizer shared by base and memory; empty = ``<work_dir>/tokenizer``."""
+    domain_train: str = ""
+    """jsonl of {"question", "answer"} (or {"text"}) rows: the datastore and memory corpus."""
+    domain_eval: str = ""
+    """Domain held-out jsonl."""
+    shards: str = ""
+    """Build output directory (``scifolio build --out``) whose shards' text is a second datastore/memory source;
+    empty = none."""
+    general_train: str = ""
+    """General-text jsonl ({"text"}): the base's pre-training set and the router's general half."""
+    general_eval: str = ""
+    """General held-out jsonl."""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    """Where the datastore's keys live."""
+    datastore: DatastoreConfig = field(default_factory=DatastoreConfig)
+    """Key encoding and Eq 1."""
+    base_train: BaseTrainConfig = field(default_factory=BaseTrainConfig)
+    """Base pre-training (synthetic experiment)."""
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    """Memory model and Eq 2."""
+    router: RouterTrainConfig = field(default_factory=RouterTrainConfig)
+    """Router and Eq 4."""
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    """Generated data sizes (``prepare``)."""
+    seed: int = 0
+    """Seeds model init and batch order."""
+    threads: int = 0
+    """torch intra-op threads; 0 = torch's default (one per core). Tiny models want 1: on a busy 2-core machine
+    two OpenMP threads spin against other processes and ran base training 14x slower here."""
+
+    def path(self, name: str) -> str:
+        """A configured path, or its default under ``work_dir``."""
+        defaults = {
+            "base": "base",
+            "tokenizer": "tokenizer",
+            "domain_train": "data/domain_train.jsonl",
+            "domain_eval": "data/domain_eval.jsonl",
+            "general_train": "data/general_train.jsonl",
+            "general_eval": "data/general_eval.jsonl",
+        }
+        value = getattr(self, name)
+        return value or str(Path(self.work_dir) / defaults[name])
+
+    @property
+    def store_uri(self) -> str:
+        return self.store.uri or str(Path(self.work_dir) / "datastore.db")
+
+    @property
+    def memory_dir(self) -> Path:
+        return Path(self.work_dir) / "memory"
+
+    @property
+    def router_path(self) -> Path:
+        return Path(self.work_dir) / "router.pt"
+
+    @property
+    def targets_path(self) -> Path:
+        return Path(self.work_dir) / "knn_targets.parquet"
+
+
+def debug(work_dir: str = "out/memdec", **overrides: Any) -> MemdecConfig:
+    """Tiny everything: a 2-layer d=64 base and memory, ~120 domain examples, exact FLAT search; ~1–2 min on 2 cores."""
+    cfg = MemdecConfig(
+        work_dir=work_dir,
+        store=StoreConfig(index_type="FLAT", n_shards=2),
+        datastore=DatastoreConfig(batch_examples=32, k=8, tau=4.0),
+        base_train=BaseTrainConfig(steps=250, batch=32),
+        memory=MemoryConfig(steps=250, batch=16, beta=0.5, save_every=100),
+        router=RouterTrainConfig(steps=250, batch=32, alpha_s=0.1),
+        synthetic=SyntheticConfig(n_genes=40, n_general_train=2000, n_general_eval=100),
+        threads=1,
+    )
+    return with_overrides(cfg, overrides)
+
+
+def small(work_dir: str = "out/memdec", **overrides: Any) -> MemdecConfig:
+    """A real run's shape: point ``base``/``tokenizer``/data paths at real ones; HNSW on 8 shards."""
+    cfg = MemdecConfig(
+        work_dir=work_dir,
+        store=StoreConfig(index_type="HNSW", n_shards=8),
+        datastore=DatastoreConfig(batch_examples=64, max_len=1024, k=64, tau=10.0),
+        memory=MemoryConfig(hidden=512, steps=20000, batch=32, lr=5e-4, save_every=1000),
+        router=RouterTrainConfig(width=256, steps=5000, batch=32, lr=1e-3),
+    )
+    return with_overrides(cfg, overrides)
+
+
+RECIPES: dict[str, Callable[..., MemdecConfig]] = {"debug": debug, "small": small}
+
+
+def with_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """Apply ``section.field=value`` / ``field=value`` overrides; unknown keys are an error, values are coerced
+    to the field's type where they arrive as strings (``--set memory.steps=50``)."""
+    for key, value in overrides.items():
+        head, _, rest = key.partition(".")
+        names = {f.name: f for f in fields(cfg)}
+        if head not in names:
+            raise KeyError(f"unknown config key {key!r}; known: {sorted(names)}")
+        current = getattr(cfg, head)
+        if rest:
+            if not is_dataclass(current):
+                raise KeyError(f"{head!r} is not a section, cannot set {key!r}")
+            cfg = replace(cfg, **{head: with_overrides(current, {rest: value})})
+        else:
+            cfg = replace(cfg, **{head: _coerce(value, current)})
+    return cfg
+
+
+def _coerce(value: Any, current: Any) -> Any:
+    if isinstance(value, str) and not isinstance(current, str):
+        import ast
+
+        value = ast.literal_eval(value)
+    if isinstance(current, bool) or current is None:
+        return value
+    if isinstance(current, float) and isinstance(value, int):
+        return float(value)
+    if type(value) is not type(current):
+        raise TypeError(f"expected {type(current).__name__}, got {value!r}")
+    return value

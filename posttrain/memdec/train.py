@@ -1,0 +1,247 @@
+"""Training loops in plain torch: the synthetic experiment's base (general text, CE), the memory (Eq 2 against
+streamed sparse kNN targets, checkpoint/resume), and the λ router (Eq 4, base and memory frozen).
+
+    scifolio memdec train --config debug --work-dir out/memdec [--resume]
+    scifolio memdec train-router --config debug --work-dir out/memdec
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from posttrain.memdec.data import Batch, Example, batches, collate, forward, gold, shifted
+from posttrain.memory_decoder import Router, RouterConfig, router_loss, sparse_memory_loss
+
+Progress = Callable[[int, float], None] | None  # (step, loss)
+
+
+def _cosine(steps: int, floor: float = 0.1) -> Callable[[int], float]:
+    return lambda s: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(1, steps)))
+
+
+def new_lm(vocab_size: int, hidden: int, seed: int, pad_id: int):
+    """A 2-layer Qwen2 causal LM with random weights (posttrain.tiny's shape)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def lm_loss(model, batch: Batch) -> torch.Tensor:
+    logits, _ = forward(model, batch)
+    return F.cross_entropy(shifted(logits, batch).float(), gold(batch))
+
+
+def train_base(
+    model, examples: Sequence[Example], pad_id: int, steps: int, batch: int, lr: float, seed: int, progress: Progress
+):
+    """Plain next-token training on general text (every position after BOS is answer-side for ``text`` rows)."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(steps))
+    for step, part in zip(range(steps), batches(examples, batch, seed)):
+        loss = lm_loss(model, collate(part, pad_id))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if progress is not None:
+            progress(step + 1, loss.item())
+    model.eval()
+    return model
+
+
+# -- memory (Eq 2) --------------------------------------------------------------------------------------------------
+def target_batches(path: Path, batch: int, start_step: int) -> Iterator[list[dict]]:
+    """Endless batches of target rows streamed from parquet in file order (never the whole file in memory); step s
+    always gets the same rows, so a resumed run continues the exact sequence. An epoch's ragged tail is skipped."""
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(path)
+    n = f.metadata.num_rows
+    if n == 0:
+        raise ValueError(f"{path} holds no targets")
+    size = min(batch, n)
+    per_epoch = n // size
+    step = start_step
+    while True:
+        skip, j, buf = step % per_epoch, 0, []
+        for rb in f.iter_batches(batch_size=256, columns=["ids", "answer_start", "knn_tokens", "knn_probs"]):
+            for row in rb.to_pylist() if j < per_epoch else ():
+                buf.append(row)
+                if len(buf) == size:
+                    if j >= skip:
+                        yield buf
+                        step += 1
+                    j, buf = j + 1, []
+                    if j >= per_epoch:
+                        break
+
+
+def targets_batch(rows: list[dict], pad_id: int) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+    """Collate target rows: the batch, and ``knn_tokens``/``knn_probs`` ``[n, K]`` aligned with ``gold(batch)``."""
+    exs = [Example(index=-1, ids=tuple(r["ids"]), answer_start=r["answer_start"]) for r in rows]
+    b = collate(exs, pad_id)
+    toks = torch.tensor([t for r in rows for t in r["knn_tokens"]], dtype=torch.int64)
+    probs = torch.tensor([p for r in rows for p in r["knn_probs"]], dtype=torch.float32)
+    return b, toks, probs
+
+
+def _save(ckpt: Path, model, opt, sched, step: int) -> None:
+    """Write model + trainer state to a temp dir, then swap it in (a crash keeps the previous checkpoint)."""
+    tmp, old = ckpt.with_name(ckpt.name + ".tmp"), ckpt.with_name(ckpt.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp))
+    torch.save({"step": step, "opt": opt.state_dict(), "sched": sched.state_dict()}, tmp / "trainer.pt")
+    if ckpt.exists():
+        os.replace(ckpt, old)
+    os.replace(tmp, ckpt)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    for name in ("ckpt", "ckpt.old"):  # .old survives only a crash between the two renames of _save
+        if (out_dir / name / "trainer.pt").exists():
+            return out_dir / name
+    return None
+
+
+def train_memory(
+    model,
+    targets: Path,
+    out_dir: Path,
+    pad_id: int,
+    steps: int,
+    batch: int,
+    lr: float,
+    beta: float,
+    save_every: int,
+    resume: bool = False,
+    progress: Progress = None,
+):
+    """Eq 2 on streamed sparse kNN targets: ``β·KL(p_kNN ‖ p_mem) + (1−β)·CE(gold)`` over answer-side positions.
+
+    Checkpoints ``out_dir/ckpt`` (model + optimizer + scheduler + step); ``resume`` continues from it to ``steps``
+    with the same data order, so an interrupted run ends where an uninterrupted one does."""
+    from transformers import AutoModelForCausalLM
+
+    start = 0
+    ckpt = latest_checkpoint(out_dir) if resume else None
+    if resume and ckpt is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {out_dir}")
+    if ckpt is not None:
+        model = AutoModelForCausalLM.from_pretrained(str(ckpt))
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(steps))
+    if ckpt is not None:
+        state = torch.load(ckpt / "trainer.pt", weights_only=False)
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        start = int(state["step"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    step = start
+    for step, rows in zip(range(start + 1, steps + 1), target_batches(targets, batch, start)):
+        b, toks, probs = targets_batch(rows, pad_id)
+        logits, _ = forward(model, b)
+        loss = sparse_memory_loss(toks, probs, shifted(logits, b), gold(b), beta=beta)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if progress is not None:
+            progress(step, loss.item())
+        if save_every and step % save_every == 0 and step < steps:
+            _save(out_dir / "ckpt", model, opt, sched, step)
+    _save(out_dir / "ckpt", model, opt, sched, max(step, start))
+    model.eval()
+    return model
+
+
+# -- router (Eq 4) --------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def frozen_outputs(base, memory, batch: Batch):
+    """Answer-side ``(h_base, h_mem, p_base, p_mem)``, each ``[n, …]`` in ``gold(batch)`` order."""
+    lb, hb = forward(base, batch)
+    lm, hm = forward(memory, batch)
+    p_base = torch.softmax(shifted(lb, batch).float(), -1)
+    p_mem = torch.softmax(shifted(lm, batch).float(), -1)
+    return shifted(hb, batch).float(), shifted(hm, batch).float(), p_base, p_mem
+
+
+def domain_mask(examples: Sequence[Example], is_domain: Sequence[bool]) -> torch.Tensor:
+    """One flag per answer-side position, in ``gold(collate(examples))`` order."""
+    return torch.tensor([d for e, d in zip(examples, is_domain) for _ in e.positions()], dtype=torch.bool)
+
+
+def train_router(
+    base,
+    memory,
+    domain: Sequence[Example],
+    general: Sequence[Example],
+    pad_id: int,
+    width: int,
+    steps: int,
+    batch: int,
+    lr: float,
+    alpha_s: float,
+    seed: int,
+    progress: Progress = None,
+) -> Router:
+    """Eq 4 on a half-domain, half-general mixture; base and memory stay frozen (no_grad, eval mode)."""
+    torch.manual_seed(seed)
+    router = Router(RouterConfig(base.config.hidden_size, memory.config.hidden_size, width=width))
+    opt = torch.optim.Adam(router.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(steps))
+    half = max(1, batch // 2)
+    dom, gen = batches(domain, half, seed), batches(general, half, seed + 1)
+    for step in range(1, steps + 1):
+        exs = next(dom) + next(gen)
+        flags = [True] * half + [False] * half
+        b = collate(exs, pad_id)
+        hb, hm, pb, pm = frozen_outputs(base, memory, b)
+        lam = router(hb, hm, pb, pm)
+        loss = router_loss(pb, pm, lam, gold(b), domain_mask(exs, flags), alpha_s=alpha_s)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if progress is not None:
+            progress(step, loss.item())
+    router.eval()
+    return router
+
+
+def save_router(router: Router, path: Path, config: RouterConfig) -> None:
+    cfg = {"base_hidden": config.base_hidden, "memory_hidden": config.memory_hidden, "width": config.width}
+    tmp = path.with_suffix(".tmp")
+    torch.save({"state": router.state_dict(), "config": cfg}, tmp)
+    os.replace(tmp, path)
+
+
+def load_router(path: Path) -> Router:
+    blob = torch.load(path, weights_only=False)
+    router = Router(RouterConfig(**blob["config"]))
+    router.load_state_dict(blob["state"])
+    router.eval()
+    return router
