@@ -39,7 +39,7 @@ from formats.shards import (
     shard_name,
 )
 from pipelines.assembly.chunk import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, chunk_document
-from pipelines.assembly.dedup import DedupConfig
+from pipelines.assembly.dedup import Decontaminator, DedupConfig
 from pipelines.assembly.interleave import ImageTokenRule, Tokenizer, interleave_document
 
 # A page filter is the visual-gain slot: it receives a document's parsed pages (with the Document for its
@@ -67,6 +67,9 @@ class BuildConfig:
     """The visual-gain stage's config, or None when pages pass unscored."""
     dedup: DedupConfig | None = field(default_factory=DedupConfig)
     """Near-duplicate removal over the first pages' text layer before parsing; None turns it off."""
+    decontaminate: str | None = None
+    """A jsonl of benchmark texts (``{"name": ..., "text": ...}`` per line, local path or URL): a document sharing a
+    word 13-gram with one is dropped (``decontam``/``benchmark_overlap``, every hit in the detail). None: off."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.overlap < self.max_tokens:
@@ -79,6 +82,8 @@ class BuildConfig:
     def config_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["tokenizer_fingerprint"] = _tokenizer_fingerprint(self.tokenizer)
+        if self.decontaminate:  # the benchmark list's content, not its name, decides what is dropped
+            d["decontaminate_sha256"] = hashlib.sha256(fs.read_bytes(self.decontaminate)).hexdigest()
         return d
 
     def config_hash(self, parser_version: str) -> str:
@@ -167,6 +172,7 @@ class DocumentBuilder:
         self.config = config
         self.page_filter = page_filter
         self.tokenizer = Tokenizer(config.tokenizer)
+        self.decontaminator = load_decontaminator(config.decontaminate) if config.decontaminate else None
 
     def build(self, data: bytes, source: str, parse_items: Iterable[Document | Page | Dropped]) -> DocResult:
         """``parse_items`` is ``parsing.iter_parse(data, source, cfg)`` (injected so tests can feed records).
@@ -216,6 +222,14 @@ class DocumentBuilder:
         for p in pages:
             stats[f"pages_by_parser.{p.parser}"] += 1
 
+        if self.decontaminator is not None:
+            text = "\n".join(b.text for p in pages for b in p.blocks if b.text)
+            hits = self.decontaminator.check(doc_id, text)
+            if hits:
+                detail = {"source": source, "hits": [dataclasses.asdict(h) for h in hits]}
+                dropped.append(Dropped(doc_id, "decontam", "benchmark_overlap", detail))
+                stats["documents"] = 0
+                return DocResult(doc_id, source, [], dropped, dict(stats))
         if self.page_filter is not None and pages:
             pages, rejected = self.page_filter(document, pages)
             dropped.extend(rejected)
@@ -260,6 +274,20 @@ class DocumentBuilder:
         stats["images"] = len({i for r in chunk_rows for i in r.image_ids()})
         rows = [r.to_row() for r in chunk_rows]
         return DocResult(doc_id, source, rows, dropped, dict(stats))
+
+
+def load_decontaminator(path: str) -> Decontaminator:
+    """The benchmark texts of a jsonl file (one ``{"name", "text"}`` object per line)."""
+    benchmarks: dict[str, str] = {}
+    for n, line in enumerate(fs.read_text(path).splitlines(), 1):
+        if line.strip():
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise ValueError(f'{path}:{n}: expected {{"name": ..., "text": ...}}')
+            benchmarks[str(row.get("name", f"line{n}"))] = row["text"]
+    if not benchmarks:
+        raise ValueError(f"{path}: no benchmark texts")
+    return Decontaminator(benchmarks)
 
 
 def page_info(page: Page) -> PageInfo:

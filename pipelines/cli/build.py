@@ -36,6 +36,7 @@ def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
             parse=_parse_config(args, args.page_render_dpi if args.page_renders else None),
             visual_gain=visual_gain_config(args),
             dedup=None if args.no_dedup else DedupConfig(threshold=args.dedup_threshold),
+            decontaminate=args.decontaminate,
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -176,6 +177,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"dedup/near_duplicate dead letters naming it (default {thr}; other fields: --set dedup.first_pages=…)",
     )
     dd.add_argument("--no-dedup", action="store_true", help="keep near-duplicate documents")
+    dd.add_argument(
+        "--decontaminate",
+        default=None,
+        metavar="JSONL",
+        help='benchmark texts to decontaminate against, one {"name": ..., "text": ...} per line: a document sharing '
+        "a word 13-gram with one is dropped (decontam/benchmark_overlap; every hit is reported in quarantine/)",
+    )
     vg = b.add_argument_group("visual gain")
     vg.add_argument(
         "--visual-gain-model",

@@ -501,8 +501,8 @@ def write_manifest(
     return manifest
 
 
-# Document-level dead letters that are not failures: the content was kept under another id.
-NOT_FAILURES = frozenset({"duplicate", "near_duplicate"})
+# Document-level dead letters that are not failures: the content was kept under another id, or removed on purpose.
+NOT_FAILURES = frozenset({"duplicate", "near_duplicate", "benchmark_overlap"})
 
 _PAGE_ID = re.compile(r"^[0-9a-f]{64}:\d+$")
 

@@ -205,3 +205,27 @@ def test_the_corpus_job_drops_the_near_duplicate_and_keeps_other_papers(tmp_path
     kept = min(_sha(preprint), _sha(published))
     assert [(d.item_id, d.detail["kept"]) for d in dropped] == [(max(_sha(preprint), _sha(published)), kept)]
     assert _sha(other) not in {d.item_id for d in dropped}
+
+
+def test_the_corpus_job_drops_a_document_that_contains_a_benchmark_text(tmp_path: Path, tiny_tokenizer: str):
+    import json
+
+    from formats.manifest import Manifest
+    from formats.quarantine import iter_quarantine
+    from pipelines.cli import main
+
+    bench_text = " ".join(paper_pages(seed=7, n_pages=1, words_per_page=60))
+    pdfs = tmp_path / "pdfs"
+    pdfs.mkdir()
+    leaked = write_pdf(pdfs / "leaked.pdf", [paper_pages(seed=3, n_pages=1)[0][:300] + " " + bench_text])
+    clean = write_pdf(pdfs / "clean.pdf", paper_pages(seed=4, n_pages=1))
+    benchmarks = tmp_path / "bench.jsonl"
+    benchmarks.write_text(json.dumps({"name": "toy-bench/q17", "text": bench_text}) + "\n")
+    out = tmp_path / "out"
+    argv = ["build", str(pdfs), "--out", str(out), "--tokenizer", tiny_tokenizer, "--backend", "pymupdf"]
+    argv += ["--decontaminate", str(benchmarks), "--no-progress", "--direct_running_mode=in_memory"]
+    assert main([*argv, "--direct_num_workers=1"]) == 0  # removal on purpose is not a failure
+    assert Manifest.read(out).totals.documents_in_shards == 1
+    (hit,) = [d for d in iter_quarantine(out / "quarantine") if d.stage == "decontam"]
+    assert hit.item_id == _sha(leaked) != _sha(clean) and hit.reason == "benchmark_overlap"
+    assert hit.detail["hits"][0]["benchmark"] == "toy-bench/q17" and hit.detail["hits"][0]["fraction"] > 0.9
