@@ -1,0 +1,199 @@
+"""A step-driven rollout engine on Hugging Face ``transformers`` (the CPU engine; SPEC §C1).
+
+Each request keeps its own KV cache (per layer ``[1, H_kv, L, D]``). A step left-pads the running
+requests' caches into one batch, feeds every request its last token in one forward (attention mask
+hides the padding, ``position_ids`` are each request's true positions), samples one token per request
+with that position's own seeded generator, and cuts each row's cache back out. New and resumed
+requests are prefilled first (prompt + kept tokens, one forward each) and get their next token from
+the prefill's last logits. Pausing drops the KV and hands the trajectories back; resuming re-prefills
+under whatever weights are loaded then, so KV is never reused across versions.
+
+    from posttrain.rollout.engines.hf import HFEngine
+    engine = HFEngine(model, capacity=64); engine.submit(requests); out = engine.step()
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posttrain.rollout.engine import ExpertsRecorder, StepOutput
+from posttrain.rollout.sampling import draw, sampling_logprobs, token_generator
+from posttrain.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Trajectory
+
+
+@dataclass
+class _Running:
+    traj: Trajectory
+    kv: list[tuple[Tensor, Tensor]] | None = None
+    """Per layer (keys, values) ``[1, H, L, D]`` covering every fed position; None = needs prefill."""
+
+
+class HFEngine:
+    """``RolloutEngine`` over a causal LM (any ``AutoModelForCausalLM`` that takes a ``DynamicCache``)."""
+
+    def __init__(self, model: torch.nn.Module, capacity: int = 64, version: int = 0) -> None:
+        self.model = model.eval()
+        self._capacity = capacity
+        self._version = version
+        self._queue: deque[Trajectory] = deque()
+        self._running: list[_Running] = []
+        self.experts_recorder: ExpertsRecorder | None = None
+        """R3 hook (see ``ExpertsRecorder``); required by requests with ``return_routed_experts``."""
+        self.steps = 0
+        """Decode steps taken (the benchmark's clock)."""
+
+    # -- protocol properties -------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def n_active(self) -> int:
+        return len(self._queue) + len(self._running)
+
+    # -- protocol methods -----------------------------------------------------------------------------
+    def submit(self, requests: Sequence[Request]) -> None:
+        for r in requests:
+            rec = [] if r.params.return_routed_experts else None
+            self._queue.append(Trajectory(request=r, routed_experts=rec))
+
+    def resume(self, trajectories: Sequence[Trajectory]) -> None:
+        for t in trajectories:
+            if t.finished:
+                raise ValueError(f"{t.request_id} is finished; only paused trajectories resume")
+            self._queue.append(t)
+
+    def pause(self) -> list[Trajectory]:
+        out = [r.traj for r in self._running] + list(self._queue)
+        self._running, self._queue = [], deque()
+        return out
+
+    def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
+        ids = set(request_ids)
+        out = [r.traj for r in self._running if r.traj.request_id in ids]
+        out += [t for t in self._queue if t.request_id in ids]
+        self._running = [r for r in self._running if r.traj.request_id not in ids]
+        self._queue = deque(t for t in self._queue if t.request_id not in ids)
+        for t in out:
+            t.finish_reason = FINISH_ABORT
+        return out
+
+    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
+        if self._running or self._queue:
+            raise RuntimeError("update_weights while requests are held: pause() first")
+        if state:
+            result = self.model.load_state_dict(dict(state), strict=False)
+            if result.unexpected_keys:
+                raise KeyError(f"unknown parameters in weight update: {result.unexpected_keys[:5]}")
+        self._version = int(version)
+
+    @torch.no_grad()
+    def step(self) -> StepOutput:
+        out = StepOutput()
+        while self._queue and len(self._running) < self._capacity:
+            self._running.append(_Running(self._queue.popleft()))
+        if not self._running:
+            return out
+        fresh = [r for r in self._running if r.kv is None]
+        warm = [r for r in self._running if r.kv is not None]
+        rows: list[tuple[_Running, Tensor]] = []
+        for r in fresh:  # prefill (new or resumed): every fed position, one forward each
+            ids = r.traj.prompt_ids + r.traj.token_ids
+            logits, r.kv, experts = self._forward(torch.tensor([ids]), None, None, None)
+            self._record(r.traj, experts, 0, len(ids))
+            rows.append((r, logits[0, -1]))
+            out.n_prefilled_tokens += len(ids)
+        if warm:
+            rows += self._decode(warm)
+        self._sample(rows)
+        self.steps += 1
+        out.n_decoded = len(self._running)
+        keep = []
+        for r in self._running:
+            if r.traj.finished:
+                out.finished.append(r.traj)
+            else:
+                keep.append(r)
+        self._running = keep
+        return out
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _forward(
+        self, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: list[tuple[Tensor, Tensor]] | None
+    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]], Tensor | None]:
+        from transformers import DynamicCache
+
+        cache = (
+            DynamicCache(ddp_cache_data=kv, config=self.model.config) if kv else DynamicCache(config=self.model.config)
+        )
+        rec = self.experts_recorder
+        if rec is not None:
+            rec.begin()
+        o = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        experts = rec.end() if rec is not None else None
+        new = [(layer.keys, layer.values) for layer in o.cache.layers]
+        return o.logits, new, experts
+
+    def _decode(self, warm: list[_Running]) -> list[tuple[_Running, Tensor]]:
+        lens = [r.kv[0][0].shape[2] for r in warm]
+        lmax = max(lens)
+        n_layers = len(warm[0].kv)
+        kv = []
+        for layer in range(n_layers):
+            ks, vs = [], []
+            for r, n in zip(warm, lens):
+                k, v = r.kv[layer]
+                if n < lmax:
+                    pad = k.new_zeros(k.shape[0], k.shape[1], lmax - n, k.shape[3])
+                    k, v = torch.cat([pad, k], 2), torch.cat([pad, v], 2)
+                ks.append(k)
+                vs.append(v)
+            kv.append((torch.cat(ks), torch.cat(vs)))
+        mask = torch.zeros(len(warm), lmax + 1, dtype=torch.long)
+        for i, n in enumerate(lens):
+            mask[i, lmax - n :] = 1
+        ids = torch.tensor([[r.traj.token_ids[-1]] for r in warm])
+        pos = torch.tensor([[n] for n in lens])
+        logits, new, experts = self._forward(ids, mask, pos, kv)
+        rows = []
+        for i, (r, n) in enumerate(zip(warm, lens)):
+            r.kv = [(k[i : i + 1, :, lmax - n :], v[i : i + 1, :, lmax - n :]) for k, v in new]
+            self._record(r.traj, experts[i : i + 1] if experts is not None else None, n, n + 1)
+            rows.append((r, logits[i, -1]))
+        return rows
+
+    def _record(self, traj: Trajectory, experts: Tensor | None, start: int, stop: int, offset: int = 0) -> None:
+        """Append routes of fed positions [start, stop) not recorded yet (``offset`` = left padding)."""
+        if traj.routed_experts is None:
+            return
+        if experts is None:
+            raise RuntimeError(f"{traj.request_id} asks for routed experts but the engine has no experts_recorder")
+        have = len(traj.routed_experts)
+        for p in range(max(start, have), stop):
+            traj.routed_experts.append(experts[0, p - start + offset].tolist())
+
+    def _sample(self, rows: list[tuple[_Running, Tensor]]) -> None:
+        for r, logits in rows:
+            t = r.traj
+            p = t.request.params
+            logp = sampling_logprobs(logits, p.temperature, p.top_p)
+            pos = t.n_tokens
+            tok = draw(logp, token_generator(p.seed, t.attempt, pos))
+            t.append(tok, float(logp[tok]), self._version)
+            if p.forced_length is not None:
+                if t.n_tokens >= p.forced_length:
+                    t.finish_reason = FINISH_LENGTH
+            elif not p.ignore_eos and tok in p.stop_token_ids:
+                t.finish_reason = FINISH_STOP
+            elif t.n_tokens >= p.max_new_tokens:
+                t.finish_reason = FINISH_LENGTH
