@@ -93,6 +93,8 @@ class RoutingRecorder(AbstractContextManager):
         self.dtype = dtype
         self._calls: list[list[torch.Tensor]] = [[] for _ in self.routers]
         self._handles: list = []
+        self.active = True
+        """Hooks record only while this is true (the engine hook toggles it around each forward)."""
 
     def __enter__(self) -> RoutingRecorder:
         for layer, router in enumerate(self.routers):
@@ -106,9 +108,14 @@ class RoutingRecorder(AbstractContextManager):
 
     def _hook(self, layer: int):
         def hook(_module, _inputs, output):
-            self._calls[layer].append(output[2].detach().to("cpu", self.dtype))
+            if self.active:
+                self._calls[layer].append(output[2].detach().to("cpu", self.dtype))
 
         return hook
+
+    def clear(self) -> None:
+        for calls in self._calls:
+            calls.clear()
 
     def pop(self) -> torch.Tensor:
         """Ids recorded since the last pop, ``[tokens, layers, top_k]``; empty if nothing ran."""
@@ -119,9 +126,56 @@ class RoutingRecorder(AbstractContextManager):
             k = self.routers[0].top_k
             return torch.empty(0, len(self.routers), k, dtype=self.dtype)
         per_layer = [torch.cat(calls, dim=0) for calls in self._calls]
-        for calls in self._calls:
-            calls.clear()
+        self.clear()
         return torch.stack(per_layer, dim=1)
+
+
+class EngineRoutingRecorder:
+    """The rollout engines' R3 hook (``posttrain.rollout.engine.ExpertsRecorder``): ``engine.experts_recorder = it``.
+
+    Hooks stay installed for the recorder's life but record only between ``begin()`` and ``end()``; ``end()``
+    returns the routes of that one forward as ``[batch, seq, layers, top_k]`` aligned with its ``input_ids``.
+    ``close()`` removes the hooks.
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.int16):
+        self._recorder = RoutingRecorder(model, dtype)
+        self._recorder.active = False
+        self._recorder.__enter__()
+        self._shape: tuple[int, int] | None = None
+        # The MoE block (the router's parent) sees hidden states [batch, seq, H] before flattening them.
+        block = _parent_of(model, self._recorder.routers[0])
+        self._shape_hook = block.register_forward_pre_hook(self._capture_shape)
+
+    def _capture_shape(self, _module, args):
+        if self._recorder.active and self._shape is None:
+            self._shape = tuple(args[0].shape[:2])
+
+    def begin(self) -> None:
+        self._recorder.clear()
+        self._shape = None
+        self._recorder.active = True
+
+    def end(self) -> torch.Tensor:
+        self._recorder.active = False
+        routes = self._recorder.pop()
+        if self._shape is None:
+            raise RuntimeError("no MoE forward ran between begin() and end()")
+        b, t = self._shape
+        if routes.shape[0] != b * t:
+            raise RuntimeError(f"recorded {routes.shape[0]} tokens' routes for a [{b}, {t}] forward")
+        return routes.reshape(b, t, routes.shape[1], routes.shape[2])
+
+    def close(self) -> None:
+        self._recorder.__exit__(None, None, None)
+        self._shape_hook.remove()
+
+
+def _parent_of(model: nn.Module, child: nn.Module) -> nn.Module:
+    for module in model.modules():
+        if any(c is child for c in module.children()):
+            return module
+    raise ValueError("router has no parent module")
 
 
 class RoutingReplay(AbstractContextManager):
@@ -212,3 +266,17 @@ def batch_routes(
         n = min(r.shape[0], seq_len - off)
         out[i, off : off + n] = torch.as_tensor(r[:n]).long()
     return out
+
+
+def replay_trajectories(
+    model: nn.Module, routed: Sequence[Sequence | torch.Tensor | None], seq_len: int, offsets: Sequence[int]
+) -> RoutingReplay:
+    """Replay context for a learner batch ``[B, seq_len]`` built from ``Trajectory.routed_experts`` lists.
+
+    ``routed[i]`` covers positions from the start of row i's prompt (which sits at column ``offsets[i]``, its
+    left padding); rows or positions without routes route live.
+    """
+    routers = find_routers(model)
+    layers, top_k = len(routers), routers[0].top_k
+    tensors = [None if r is None or len(r) == 0 else torch.as_tensor(r, dtype=torch.long) for r in routed]
+    return RoutingReplay(model, batch_routes(tensors, seq_len, offsets, layers, top_k))

@@ -162,3 +162,54 @@ def test_replay_rejects_wrong_shapes(model):
         RoutingReplay(model, torch.zeros(4, 2, 3, dtype=torch.long))
     with RoutingReplay(model, torch.zeros(4, 2, 2, dtype=torch.long)), pytest.raises(ValueError, match="tokens"):
         model(input_ids=torch.arange(5)[None])
+
+
+def test_hf_engine_records_routes_and_learner_replay_reproduces_its_logprobs(model):
+    from posttrain.r3 import EngineRoutingRecorder, replay_trajectories
+    from posttrain.rollout.engines.hf import HFEngine
+    from posttrain.rollout.types import Request, SamplingParams
+
+    engine_model = copy.deepcopy(model)
+    engine = HFEngine(engine_model, capacity=4)
+    recorder = EngineRoutingRecorder(engine_model)
+    engine.experts_recorder = recorder
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, forced_length=NEW_TOKENS, return_routed_experts=True)
+    prompts = [list(range(3, 3 + PROMPT_LEN)), list(range(20, 20 + PROMPT_LEN + 2))]
+    engine.submit([Request(f"r{i}", p, params=params) for i, p in enumerate(prompts)])
+    done = []
+    while engine.n_active:
+        done += engine.step().finished
+    recorder.close()
+    done.sort(key=lambda t: t.request_id)
+
+    seq_len = max(len(t.prompt_ids) + t.n_tokens for t in done)
+    offsets = [seq_len - len(t.prompt_ids) - t.n_tokens for t in done]  # left padding
+    for t in done:
+        assert len(t.routed_experts) == len(t.prompt_ids) + t.n_tokens - 1
+        assert len(t.routed_experts[0]) == 2 and len(t.routed_experts[0][0]) == 2
+
+    ids = torch.zeros(len(done), seq_len, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (t, off) in enumerate(zip(done, offsets, strict=True)):
+        ids[i, off:] = torch.tensor(t.prompt_ids + t.token_ids)
+        mask[i, off:] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+
+    # The learner's router differs (routes flipped on the first trajectory's tokens); replay undoes that.
+    first = torch.tensor(done[0].prompt_ids + done[0].token_ids)
+    learner = _flip_routes_keeping_recorded_logits(model, first, torch.tensor(done[0].routed_experts))
+
+    def logprobs(replay: bool, learner=learner) -> torch.Tensor:
+        if replay:
+            with replay_trajectories(learner, [t.routed_experts for t in done], seq_len, offsets):
+                logits = learner(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        else:
+            logits = learner(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        lp = torch.log_softmax(logits[:, -NEW_TOKENS - 1 : -1].float(), dim=-1)
+        return lp.gather(-1, ids[:, -NEW_TOKENS:, None])[..., 0]
+
+    engine_lp = torch.tensor([t.logprobs for t in done])
+    # Same weights: replaying the engine's routes over the padded batch reproduces every row.
+    assert (logprobs(True, learner=model) - engine_lp).abs().max() <= 1e-5
+    assert (logprobs(True)[0] - engine_lp[0]).abs().max() <= 1e-5
+    assert (logprobs(False)[0] - engine_lp[0]).abs().max() > 1e-2
