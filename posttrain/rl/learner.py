@@ -182,7 +182,7 @@ class Learner:
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.optimizer.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             clip_fracs.append(float(st.clip_fraction))
         self.version += 1
         self.model.eval()

@@ -67,6 +67,10 @@ class SchedulerConfig:
     """Drop complete groups whose rewards are all identical and replace them (DAPO dynamic sampling)."""
     dapo_atol: float = 0.0
     """Rewards closer than this count as identical."""
+    finish_restarted: bool = True
+    """A trajectory restarted after a stale discard is decoded to its end before the next pause (the
+    batch waits for it), so a response longer than ``max_stale`` versions' worth of steps is still
+    trained once rather than discarded forever (partial rollout must not favour short answers)."""
     max_groups_in_flight: int = 0
     """Partial mode: cap on incomplete groups (0 = as many as the engine has room for)."""
     max_engine_steps: int = 1_000_000
@@ -129,6 +133,8 @@ class PartialRolloutScheduler:
         self._groups: dict[str, dict[str, Any]] = {}
         """Incomplete groups: id → {"prompt": Prompt, "done": {request_id: Trajectory}}."""
         self._paused: list[Trajectory] = []
+        self._restarted: set[str] = set()
+        """Request ids restarted after a stale discard and not finished yet."""
         self.totals = dict.fromkeys(_TOTAL_KEYS, 0)
 
     # -- the cycle ------------------------------------------------------------------------------------
@@ -139,7 +145,7 @@ class PartialRolloutScheduler:
         self._resume_paused()
         ready: list[list[Trajectory]] = []
         steps = 0
-        while len(ready) < cfg.batch_target:
+        while len(ready) < cfg.batch_target or (cfg.finish_restarted and self._restarted_in_flight()):
             self._fill(len(ready))
             out = self.engine.step()
             steps += 1
@@ -174,10 +180,14 @@ class PartialRolloutScheduler:
         oldest = t.oldest_version()
         return 0 if oldest is None else self.version - oldest
 
+    def _restarted_in_flight(self) -> bool:
+        return bool(self._restarted)
+
     def _discard(self, t: Trajectory) -> None:
         self.totals["discarded_trajectories"] += 1
         self.totals["discarded_tokens"] += t.n_tokens
         t.restart()
+        self._restarted.add(t.request_id)
 
     def _resume_paused(self) -> None:
         back = []
@@ -217,6 +227,7 @@ class PartialRolloutScheduler:
         self.engine.submit(reqs)
 
     def _on_finished(self, t: Trajectory, ready: list[list[Trajectory]]) -> None:
+        self._restarted.discard(t.request_id)
         t.reward = float(self.reward_fn(t))
         group = self._groups[t.group_id]
         group["done"][t.request_id] = t
@@ -297,6 +308,7 @@ class PartialRolloutScheduler:
             done = [Trajectory.from_dict(d) for d in g["done"]]
             self._groups[gid] = {"prompt": Prompt(**g["prompt"]), "done": {t.request_id: t for t in done}}
         self._paused = [Trajectory.from_dict(d) for d in state["paused"]]
+        self._restarted = {t.request_id for t in self._paused if t.attempt > 0 and t.n_tokens == 0}
         self.totals = dict.fromkeys(_TOTAL_KEYS, 0) | state["totals"]
 
 
