@@ -234,6 +234,7 @@ class VLLMEngine:
         self._outputs: queue.Queue = queue.Queue()
         self._launches: dict[str, Launch] = {}  # running in vLLM
         self._parked: dict[str, tuple[Launch, int, int]] = {}  # request_id → (launch, n_tokens, attempt) at pause
+        self._finished_late: list[Trajectory] = []  # finished while pausing; handed out by the next step()
         self._paused = False
         self._n_launched = 0
         args = dict(config.engine_args)
@@ -271,7 +272,7 @@ class VLLMEngine:
 
     @property
     def n_active(self) -> int:
-        return len(self._launches)
+        return len(self._launches) + len(self._finished_late)
 
     # -- protocol methods ---------------------------------------------------------------------------------------
     def submit(self, requests: Sequence[Request]) -> None:
@@ -297,17 +298,16 @@ class VLLMEngine:
 
     def pause(self) -> list[Trajectory]:
         self._run(self._llm.pause_generation(mode="keep", clear_cache=True))
-        self._drain(block=False)
+        self._drain(block=False, finished=self._finished_late)
         self._paused = True
         out = []
-        for vid, launch in list(self._launches.items()):
-            del self._launches[vid]
+        for launch in self._launches.values():
             t = launch.traj
-            if t.finished:  # finished while pausing: its output arrived after the last step
-                self._outputs.put(("finished", t))
-                continue
             self._parked[t.request_id] = (launch, t.n_tokens, t.attempt)
             out.append(t)
+        self._launches = {}
+        # Outputs still in flight from before the freeze are ignored (their request is parked); a kept request's
+        # next CUMULATIVE output repeats them, with the versions vLLM stamped when they were sampled.
         return out
 
     def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
@@ -336,7 +336,8 @@ class VLLMEngine:
         self._version = int(version)
 
     def step(self) -> StepOutput:
-        out = StepOutput()
+        out = StepOutput(finished=self._finished_late)
+        self._finished_late = []
         advanced = self._drain(block=True, finished=out.finished)
         out.n_decoded = len(advanced)
         return out
@@ -383,7 +384,7 @@ class VLLMEngine:
 
         asyncio.run_coroutine_threadsafe(consume(), self._loop)
 
-    def _drain(self, block: bool, finished: list[Trajectory] | None = None) -> set[str]:
+    def _drain(self, block: bool, finished: list[Trajectory]) -> set[str]:
         advanced: set[str] = set()
         timeout = self.config.poll_timeout_s if block and self._launches else None
         while True:
@@ -392,10 +393,6 @@ class VLLMEngine:
             except queue.Empty:
                 return advanced
             timeout = None  # after the first item, take only what is already there
-            if item[0] == "finished":
-                if finished is not None:
-                    finished.append(item[1])
-                continue
             kind, vid, payload = item
             if kind == "error":
                 raise RuntimeError(f"vLLM request {vid} failed") from payload
@@ -406,7 +403,4 @@ class VLLMEngine:
                 advanced.add(vid)
             if launch.traj.finished:
                 del self._launches[vid]
-                if finished is not None:
-                    finished.append(launch.traj)
-                else:
-                    self._outputs.put(("finished", launch.traj))
+                finished.append(launch.traj)
