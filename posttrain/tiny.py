@@ -17,6 +17,13 @@ NAMES = ("student", "teacher-reasoning", "teacher-agentic")
 
 def write_tiny_causal_lm(out_dir: Path, vocab_size: int = 1024, hidden_size: int = 64, seed: int = 0) -> Path:
     """A 2-layer Qwen2 causal LM with random weights (distinct per seed)."""
+    out_dir = Path(out_dir)
+    build_tiny_causal_lm(vocab_size, hidden_size, seed).save_pretrained(out_dir)
+    return out_dir
+
+
+def build_tiny_causal_lm(vocab_size: int = 1024, hidden_size: int = 64, seed: int = 0):
+    """The same 2-layer Qwen2 causal LM in memory (fp32, eval mode)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -31,9 +38,7 @@ def write_tiny_causal_lm(out_dir: Path, vocab_size: int = 1024, hidden_size: int
         max_position_embeddings=512,
         tie_word_embeddings=True,
     )
-    out_dir = Path(out_dir)
-    Qwen2ForCausalLM(config).save_pretrained(out_dir)
-    return out_dir
+    return Qwen2ForCausalLM(config).float().eval()
 
 
 def write_tiny_posttrain(out_dir: Path, vocab_size: int = 1024) -> dict[str, str]:
