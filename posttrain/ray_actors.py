@@ -37,19 +37,20 @@ EngineFactory = Callable[[], RolloutEngine]
 
 
 def init_ray(address: str = "local", num_cpus: int | None = None, **kwargs: Any) -> dict[str, Any]:
-    """``"local"``: start a Ray head inside this process (no dashboard, no usage stats); else join ``address``.
+    """``"local"``: start a Ray head inside this process (no dashboard, no usage stats); else join ``address``
+    (``HOST:PORT`` of a head's GCS, ``auto`` inside a cluster, or ``ray://HOST:10001`` through Ray Client).
 
-    Workers get this checkout on their ``PYTHONPATH`` (a cluster whose image installs the project needs nothing).
+    A local Ray's workers get this checkout on their ``PYTHONPATH``; a cluster's image installs the project.
     Returns the cluster's resources.
     """
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    root = str(Path(__file__).resolve().parents[1])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    runtime_env = {"env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}}
     if address == "local":
+        root = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+        runtime_env = {"env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}}
         ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, **kwargs)
     else:
-        ray.init(address=address, runtime_env=runtime_env, **kwargs)
+        ray.init(address=address, **kwargs)
     return ray.cluster_resources()
 
 

@@ -12,7 +12,6 @@ daemons share their fate); ``ray stop`` is not used because it kills every Ray p
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import signal
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
+from rl_ray_helpers import STEPS, assert_same_batches, parts, run_in_process, run_steps_in_driver
 
 from tests.conftest import in_loopback_namespace
 
@@ -32,8 +31,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
-VOCAB = 14  # char_tokenizer(): 3 specials + "0123456789:"
-STEPS = 3
 
 
 def _free_port() -> int:
@@ -113,62 +110,9 @@ def _wait_for_gcs(port: int, proc: subprocess.Popen, timeout: float = 60) -> Non
     raise RuntimeError("Ray head did not come up")
 
 
-# -- the run being distributed: the real scheduler, HF engine and learner on the countdown task -----------------
-
-
-def _parts():
-    from posttrain.rl.learner import LearnerConfig
-    from posttrain.rl.task import JsonlTask, TaskSource, char_tokenizer, countdown_rows, prefix_credit
-    from posttrain.rollout.scheduler import PartialRolloutScheduler, SchedulerConfig
-    from posttrain.rollout.types import SamplingParams
-    from posttrain.tiny import build_tiny_causal_lm
-
-    tok = char_tokenizer()
-    source = TaskSource(JsonlTask(countdown_rows(64, seed=0), prefix_credit), tok, seed=0)
-    sampling = SamplingParams(max_new_tokens=8, stop_token_ids=(tok.eos_token_id,))
-    sched_cfg = SchedulerConfig(batch_target=2, group_size=4, max_stale=3)
-    scheduler = functools.partial(
-        PartialRolloutScheduler, source=source, reward_fn=source.reward, sampling=sampling, config=sched_cfg
-    )
-    build_model = functools.partial(build_tiny_causal_lm, VOCAB, 64, 0)
-    return scheduler, build_model, LearnerConfig(n_minibatches=2, lr=1e-2)
-
-
-def _run(engine, steps: int = STEPS):
-    from posttrain.ray_actors import LearnerFactory
-
-    scheduler_factory, build_model, learner_cfg = _parts()
-    sched = scheduler_factory(engine)
-    learner = LearnerFactory(build_model, learner_cfg)()
-    batches, rows = [], []
-    for _ in range(steps):
-        batch = sched.collect()
-        metrics = learner.train(batch)
-        sched.sync(learner.weights(), learner.version)
-        batches.append(batch)
-        rows.append({**batch.stats, **metrics})
-    return batches, rows
-
-
 @pytest.fixture(scope="module")
 def in_process():
-    from posttrain.rollout.engines.hf import HFEngine
-
-    _sched, build_model, _cfg = _parts()
-    torch.set_num_threads(1)
-    return _run(HFEngine(build_model(), capacity=16))
-
-
-def _same_batches(a, b) -> None:
-    for x, y in zip(a, b, strict=True):
-        assert x.version == y.version
-        assert [[t.request_id for t in g] for g in x.groups] == [[t.request_id for t in g] for g in y.groups]
-        for gx, gy in zip(x.groups, y.groups, strict=True):
-            for tx, ty in zip(gx, gy, strict=True):
-                assert tx.token_ids == ty.token_ids
-                assert tx.versions == ty.versions
-                assert tx.reward == ty.reward
-                assert torch.allclose(torch.tensor(tx.logprobs), torch.tensor(ty.logprobs), atol=1e-5)
+    return run_in_process()
 
 
 def test_two_engine_workers_on_two_nodes_reproduce_the_in_process_run(ray_cluster, in_process):
@@ -176,18 +120,18 @@ def test_two_engine_workers_on_two_nodes_reproduce_the_in_process_run(ray_cluste
 
     from posttrain.ray_actors import HFEngineFactory, RayEngine, start_engine_workers
 
-    _sched, build_model, _cfg = _parts()
+    _sched, build_model, _cfg = parts()
     workers = start_engine_workers(HFEngineFactory(build_model, capacity=8), n_workers=2)
     try:
         engine = RayEngine(workers)
         assert engine.capacity == 16
         assert len(set(engine.nodes)) == 2  # one engine worker on the head, one on the worker node
-        batches, rows = _run(engine)
+        batches, rows = run_steps_in_driver(engine)
     finally:
         for w in workers:
             ray.kill(w)
     ref_batches, ref_rows = in_process
-    _same_batches(batches, ref_batches)
+    assert_same_batches(batches, ref_batches)
     # Partial rollout really crossed weight syncs through the object store.
     assert sum(r["old_version_tokens"] for r in rows) > 0
     assert [r["old_version_tokens"] for r in rows] == [r["old_version_tokens"] for r in ref_rows]
@@ -199,7 +143,7 @@ def test_coordinator_and_learner_actors_run_the_same_steps(ray_cluster, in_proce
 
     from posttrain.ray_actors import Coordinator, HFEngineFactory, LearnerFactory, LearnerWorker, run_steps
 
-    scheduler_factory, build_model, learner_cfg = _parts()
+    scheduler_factory, build_model, learner_cfg = parts()
     coordinator = Coordinator.options(num_cpus=0).remote(scheduler_factory, HFEngineFactory(build_model, 8), 2)
     learner = LearnerWorker.options(num_cpus=0).remote(LearnerFactory(build_model, learner_cfg))
     try:
