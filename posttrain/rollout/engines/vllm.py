@@ -24,9 +24,12 @@ is not installed in CI). The pieces that matter for partial rollout:
 
 The request/response mapping is pure functions (``vllm_sampling_kwargs``, ``vllm_prompt``,
 ``expand_weight_versions``, ``apply_completion``), unit-tested in ``tests/posttrain/test_vllm_mapping.py`` with
-stand-in objects shaped like vLLM's ``CompletionOutput``/``Logprob``/``WeightVersionSpan``. NOT exercised here
-(no GPU, no vLLM): ``VLLMEngine`` itself, the keep-mode pause, the IPC weight sender, and the exact coordinates of
-vLLM's ``routed_experts`` rows (assumed to start at ``routed_experts_prompt_start``, one row per position fed).
+stand-in objects shaped like vLLM's ``CompletionOutput``/``Logprob``/``WeightVersionSpan``; ``VLLMEngine``'s own
+bookkeeping (keep-mode pause, continue in place vs resubmit, abort, version stamping) runs under the real scheduler
+against a stand-in ``AsyncLLM`` in ``tests/posttrain/test_vllm_engine.py`` (through the ``VLLMApi`` seam). NOT
+exercised here (no GPU, no vLLM): real vLLM, its KV-cache clearing on pause, the IPC weight sender, and the exact
+coordinates of vLLM's ``routed_experts`` rows (assumed to start at ``routed_experts_prompt_start``, one row per
+position fed).
 
     engine = VLLMEngine(VLLMConfig(model="Qwen/Qwen3-30B-A3B", capacity=256, return_routed_experts=True))
 """
@@ -211,6 +214,52 @@ async def ipc_weight_sender(llm: Any, state: Mapping[str, Any]) -> None:
     del keep
 
 
+@dataclass(frozen=True)
+class VLLMApi:
+    """The few vLLM entry points the engine uses; ``real_vllm_api()`` binds them to the installed vLLM.
+
+    The seam exists so the engine's bookkeeping (pause/keep/resubmit/abort, version stamping) can be driven by a
+    stand-in in tests; production always uses ``real_vllm_api()``.
+    """
+
+    start_llm: Callable[[VLLMConfig], Any]
+    """``async (config) -> AsyncLLM``, called on the engine's event-loop thread."""
+    sampling_params: Callable[..., Any]
+    """``vllm.SamplingParams``."""
+    output_kind: Any
+    """``RequestOutputKind.CUMULATIVE``: every output repeats the response so far."""
+    init_weight_transfer: Callable[[Any], Any] | None = None
+    """``async (llm) -> None``: once, before the first weight update."""
+
+
+def real_vllm_api(config: VLLMConfig) -> VLLMApi:
+    vllm = _import_vllm()
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = dict(config.engine_args)
+    args.update(
+        model=config.model,
+        max_num_seqs=config.capacity,
+        logprobs_mode="processed_logprobs",
+        enable_return_routed_experts=config.return_routed_experts,
+    )
+    init = None
+    if config.weight_transfer_backend:
+        from vllm.config import WeightTransferConfig
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        args["weight_transfer_config"] = WeightTransferConfig(backend=config.weight_transfer_backend)
+
+        async def init(llm):
+            await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info={}))
+
+    async def start(_config):
+        return AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**args))
+
+    return VLLMApi(start, vllm.SamplingParams, RequestOutputKind.CUMULATIVE, init)
+
+
 class VLLMEngine:
     """``RolloutEngine`` over vLLM's ``AsyncLLM``, run on a private event-loop thread (see the module docstring).
 
@@ -218,14 +267,12 @@ class VLLMEngine:
     trajectory, and returns the finished ones. ``n_decoded`` counts requests that received tokens.
     """
 
-    def __init__(self, config: VLLMConfig, weight_sender: WeightSender = ipc_weight_sender) -> None:
-        vllm = _import_vllm()
-        from vllm.sampling_params import RequestOutputKind
-        from vllm.v1.engine.async_llm import AsyncLLM
-
+    def __init__(
+        self, config: VLLMConfig, weight_sender: WeightSender = ipc_weight_sender, api: VLLMApi | None = None
+    ) -> None:
+        api = api or real_vllm_api(config)
         self.config = config
-        self._vllm = vllm
-        self._cumulative = RequestOutputKind.CUMULATIVE
+        self._api = api
         self._sender = weight_sender
         self._version = config.version
         self._loop = asyncio.new_event_loop()
@@ -237,28 +284,13 @@ class VLLMEngine:
         self._finished_late: list[Trajectory] = []  # finished while pausing; handed out by the next step()
         self._paused = False
         self._n_launched = 0
-        args = dict(config.engine_args)
-        args.update(
-            model=config.model,
-            max_num_seqs=config.capacity,
-            logprobs_mode="processed_logprobs",
-            enable_return_routed_experts=config.return_routed_experts,
-        )
-        if config.weight_transfer_backend:
-            from vllm.config import WeightTransferConfig
-
-            args["weight_transfer_config"] = WeightTransferConfig(backend=config.weight_transfer_backend)
-
-        async def start():
-            return AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**args))
-
-        self._llm = self._run(start())
+        self.resubmissions = 0
+        """Continuations resubmitted with prompt + kept tokens (not continued inside vLLM)."""
+        self._llm = self._run(api.start_llm(config))
         if self._llm.model_config.logprobs_mode != "processed_logprobs":
             raise RuntimeError("vLLM must return processed logprobs (the distribution tokens were drawn from)")
-        if config.weight_transfer_backend:
-            from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
-            self._run(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info={})))
+        if api.init_weight_transfer is not None:
+            self._run(api.init_weight_transfer(self._llm))
         self._run(self._llm.update_weight_version(str(self._version)))
 
     # -- protocol properties -------------------------------------------------------------------------------
@@ -370,7 +402,9 @@ class VLLMEngine:
         p = traj.request.params
         routes_from = len(traj.routed_experts) if traj.routed_experts is not None else 0
         kw = vllm_sampling_kwargs(p, traj.n_tokens, traj.attempt, routes_from)
-        params = self._vllm.SamplingParams(**kw, output_kind=self._cumulative)
+        params = self._api.sampling_params(**kw, output_kind=self._api.output_kind)
+        if traj.n_tokens:
+            self.resubmissions += 1
         launch = Launch(f"{traj.request_id}@{traj.attempt}.{self._n_launched}", traj, traj.n_tokens, routes_from)
         self._launches[launch.vllm_id] = launch
         prompt = vllm_prompt(traj)
