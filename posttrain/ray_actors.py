@@ -215,15 +215,26 @@ def ray_rollout_engine(factory: EngineFactory, n_workers: int, num_cpus: float =
 
 
 class HFEngineFactory:
-    """Picklable factory: an ``HFEngine`` around ``build_model()`` (called on the worker), with ``capacity`` slots."""
+    """Picklable factory: an ``HFEngine`` around ``build_model()`` (called on the worker), with ``capacity`` slots.
 
-    def __init__(self, build_model: Callable[[], Any], capacity: int, version: int = 0) -> None:
+    ``record_routes``: install the R3 recorder (MoE policies; requests then fill ``Trajectory.routed_experts``).
+    """
+
+    def __init__(
+        self, build_model: Callable[[], Any], capacity: int, version: int = 0, record_routes: bool = False
+    ) -> None:
         self.build_model, self.capacity, self.version = build_model, capacity, version
+        self.record_routes = record_routes
 
     def __call__(self) -> RolloutEngine:
         from posttrain.rollout.engines.hf import HFEngine
 
-        return HFEngine(self.build_model().eval(), capacity=self.capacity, version=self.version)
+        engine = HFEngine(self.build_model().eval(), capacity=self.capacity, version=self.version)
+        if self.record_routes:
+            from posttrain.r3 import EngineRoutingRecorder
+
+            engine.experts_recorder = EngineRoutingRecorder(engine.model)
+        return engine
 
 
 class LearnerFactory:

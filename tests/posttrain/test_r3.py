@@ -213,3 +213,20 @@ def test_hf_engine_records_routes_and_learner_replay_reproduces_its_logprobs(mod
     assert (logprobs(True, learner=model) - engine_lp).abs().max() <= 1e-5
     assert (logprobs(True)[0] - engine_lp[0]).abs().max() <= 1e-5
     assert (logprobs(False)[0] - engine_lp[0]).abs().max() > 1e-2
+
+
+def test_ray_engine_factory_installs_the_recorder_on_moe_engines():
+    import functools
+
+    from posttrain.ray_actors import HFEngineFactory
+    from posttrain.rollout.types import Request, SamplingParams
+
+    engine = HFEngineFactory(functools.partial(build_tiny_moe_lm, seed=0), capacity=2, record_routes=True)()
+    engine.submit(
+        [Request("r", [3, 4, 5], SamplingParams(max_new_tokens=4, forced_length=4, return_routed_experts=True))]
+    )
+    done = []
+    while engine.n_active:
+        done += engine.step().finished
+    (t,) = done
+    assert torch.tensor(t.routed_experts).shape == (3 + 4 - 1, 2, 2)

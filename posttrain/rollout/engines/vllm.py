@@ -27,9 +27,9 @@ The request/response mapping is pure functions (``vllm_sampling_kwargs``, ``vllm
 stand-in objects shaped like vLLM's ``CompletionOutput``/``Logprob``/``WeightVersionSpan``; ``VLLMEngine``'s own
 bookkeeping (keep-mode pause, continue in place vs resubmit, abort, version stamping) runs under the real scheduler
 against a stand-in ``AsyncLLM`` in ``tests/posttrain/test_vllm_engine.py`` (through the ``VLLMApi`` seam). NOT
-exercised here (no GPU, no vLLM): real vLLM, its KV-cache clearing on pause, the IPC weight sender, and the exact
-coordinates of vLLM's ``routed_experts`` rows (assumed to start at ``routed_experts_prompt_start``, one row per
-position fed).
+exercised here (no GPU, no vLLM): real vLLM, its KV-cache clearing on pause, the IPC weight sender, and the
+coordinates of vLLM's ``routed_experts`` rows (vLLM documents that ``routed_experts_prompt_start`` skips that many
+prompt positions; one row per position fed is assumed, and rows beyond the fed positions are dropped).
 
     engine = VLLMEngine(VLLMConfig(model="Qwen/Qwen3-30B-A3B", capacity=256, return_routed_experts=True))
 """
