@@ -100,6 +100,8 @@ _TOTAL_KEYS = (
     "dapo_dropped_groups",
     "dapo_dropped_tokens",
     "groups_submitted",
+    "finished_trajectories",
+    "finished_tokens",
 )
 
 
@@ -228,6 +230,8 @@ class PartialRolloutScheduler:
 
     def _on_finished(self, t: Trajectory, ready: list[list[Trajectory]]) -> None:
         self._restarted.discard(t.request_id)
+        self.totals["finished_trajectories"] += 1
+        self.totals["finished_tokens"] += t.n_tokens
         t.reward = float(self.reward_fn(t))
         group = self._groups[t.group_id]
         group["done"][t.request_id] = t
@@ -262,6 +266,7 @@ class PartialRolloutScheduler:
             "occupancy": d["decoded"] / max(d["slots"], 1),
             "old_version_fraction": old / max(trained, 1),
             "mean_trained_length": trained / max(len(trajs), 1),
+            "mean_finished_length": d["finished_tokens"] / max(d["finished_trajectories"], 1),
             "max_lag": float(max(lags, default=0)),
             "multi_version_trajectories": float(sum(1 for t in trajs if t.versions and t.versions[-1] > t.versions[0])),
             "in_flight": float(len(self._paused)),
