@@ -193,7 +193,7 @@ def run(
             "train_s": t2 - t1,
         }
         _append(metrics_path, row)
-        _append(trained_path, {"step": step, "ids": [t.request_id for t in trajs]})
+        _append(trained_path, {"step": step, "ids": [t.request_id for t in trajs], "dapo_dropped": batch.dropped})
         _save(
             ckpt,
             {"step": step, "learner": learner.state_dict(), "scheduler": sched.state_dict(), "config": to_dict(cfg)},

@@ -7,6 +7,8 @@ top-p applied), and with equal weights agree to float rounding (SPEC §C2–C3).
 
 from __future__ import annotations
 
+import random
+
 import torch
 from torch import Tensor
 
@@ -31,13 +33,18 @@ def sampling_logprobs(logits: Tensor, temperature: float = 1.0, top_p: float = 1
     return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
 
 
-def token_generator(seed: int, attempt: int, position: int) -> torch.Generator:
-    """The generator that draws token ``position`` of a request: a pure function of its arguments, so
+def token_uniform(seed: int, attempt: int, position: int) -> float:
+    """The uniform number that draws token ``position`` of a request: a pure function of its arguments, so
     pausing, resuming, batching differently or restarting the process never changes a draw."""
     mixed = (seed * _MIX + attempt * 1_000_003 + position * 97_531) % (2**63 - 1)
-    return torch.Generator().manual_seed(mixed)
+    return random.Random(mixed).random()
 
 
-def draw(logp: Tensor, generator: torch.Generator) -> int:
-    """One token from a 1-D logprob vector (float32 CPU)."""
-    return int(torch.multinomial(logp.exp(), 1, generator=generator))
+def draw(logp: Tensor, uniforms: Tensor) -> Tensor:
+    """Inverse-CDF draws: ``logp`` ``[B, V]`` (float32), ``uniforms`` ``[B]`` in [0, 1) → token ids ``[B]``.
+
+    A token with probability 0 (outside the nucleus) is never drawn: its CDF step has zero width."""
+    cdf = logp.exp().cumsum(dim=-1)
+    u = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]  # scale by the total so float rounding cannot overrun
+    idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    return idx.clamp(max=logp.shape[-1] - 1)

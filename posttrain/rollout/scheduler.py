@@ -85,6 +85,8 @@ class Batch:
     version: int
     """Learner version that trains on it."""
     stats: dict[str, float]
+    dropped: list[str] = field(default_factory=list)
+    """Request ids of the complete groups DAPO dropped while collecting it (finished, never trained)."""
 
 
 _TOTAL_KEYS = (
@@ -136,6 +138,7 @@ class PartialRolloutScheduler:
         """Incomplete groups: id → {"prompt": Prompt, "done": {request_id: Trajectory}}."""
         self._paused: list[Trajectory] = []
         self._restarted: set[str] = set()
+        self._dropped: list[str] = []
         """Request ids restarted after a stale discard and not finished yet."""
         self.totals = dict.fromkeys(_TOTAL_KEYS, 0)
 
@@ -145,6 +148,7 @@ class PartialRolloutScheduler:
         cfg = self.config
         before = dict(self.totals)
         self._resume_paused()
+        self._dropped: list[str] = []
         ready: list[list[Trajectory]] = []
         steps = 0
         while len(ready) < cfg.batch_target or (cfg.finish_restarted and self._restarted_in_flight()):
@@ -163,7 +167,7 @@ class PartialRolloutScheduler:
         if not cfg.partial and self._paused:
             raise AssertionError("synchronous scheduler left trajectories in flight")
         stats = self._account(ready, before)
-        return Batch(groups=ready, version=self.version, stats=stats)
+        return Batch(groups=ready, version=self.version, stats=stats, dropped=self._dropped)
 
     def sync(self, state: dict[str, Any], version: int) -> None:
         """Load the learner's new weights into the (paused, empty) engine; later tokens carry ``version``."""
@@ -249,6 +253,7 @@ class PartialRolloutScheduler:
         if self.config.dapo and _identical([m.reward for m in members], self.config.dapo_atol):
             self.totals["dapo_dropped_groups"] += 1
             self.totals["dapo_dropped_tokens"] += sum(m.n_tokens for m in members)
+            self._dropped += [m.request_id for m in members]
             return
         ready.append(members)
 

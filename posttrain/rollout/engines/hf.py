@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from posttrain.rollout.engine import ExpertsRecorder, StepOutput
-from posttrain.rollout.sampling import draw, sampling_logprobs, token_generator
+from posttrain.rollout.sampling import draw, sampling_logprobs, token_uniform
 from posttrain.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Trajectory
 
 
@@ -183,17 +183,35 @@ class HFEngine:
             traj.routed_experts.append(experts[0, p - start + offset].tolist())
 
     def _sample(self, rows: list[tuple[_Running, Tensor]]) -> None:
-        for r, logits in rows:
-            t = r.traj
-            p = t.request.params
-            logp = sampling_logprobs(logits, p.temperature, p.top_p)
-            pos = t.n_tokens
-            tok = draw(logp, token_generator(p.seed, t.attempt, pos))
-            t.append(tok, float(logp[tok]), self._version)
-            if p.forced_length is not None:
-                if t.n_tokens >= p.forced_length:
-                    t.finish_reason = FINISH_LENGTH
-            elif not p.ignore_eos and tok in p.stop_token_ids:
-                t.finish_reason = FINISH_STOP
-            elif t.n_tokens >= p.max_new_tokens:
+        # One sampling transform per (temperature, top_p) among the rows, one inverse-CDF draw for all of them.
+        by_params: dict[tuple[float, float], list[int]] = {}
+        for i, (r, _) in enumerate(rows):
+            p = r.traj.request.params
+            by_params.setdefault((p.temperature, p.top_p), []).append(i)
+        logits = torch.stack([lg for _, lg in rows])
+        for (temperature, top_p), idx in by_params.items():
+            logp = sampling_logprobs(logits[idx], temperature, top_p)
+            u = torch.tensor(
+                [
+                    token_uniform(
+                        rows[i][0].traj.request.params.seed, rows[i][0].traj.attempt, rows[i][0].traj.n_tokens
+                    )
+                    for i in idx
+                ],
+                dtype=torch.float64,
+            )
+            toks = draw(logp, u)
+            chosen = logp.gather(-1, toks.unsqueeze(-1)).squeeze(-1)
+            for i, tok, lp in zip(idx, toks.tolist(), chosen.tolist()):
+                self._append(rows[i][0].traj, tok, lp)
+
+    def _append(self, t: Trajectory, tok: int, logprob: float) -> None:
+        p = t.request.params
+        t.append(tok, logprob, self._version)
+        if p.forced_length is not None:
+            if t.n_tokens >= p.forced_length:
                 t.finish_reason = FINISH_LENGTH
+        elif not p.ignore_eos and tok in p.stop_token_ids:
+            t.finish_reason = FINISH_STOP
+        elif t.n_tokens >= p.max_new_tokens:
+            t.finish_reason = FINISH_LENGTH

@@ -140,7 +140,9 @@ def test_kill_9_while_paused_then_resume_loses_and_repeats_nothing(tmp_path):
     still = {t["request"]["request_id"] for t in final["paused"]}
     still |= {t["request"]["request_id"] for g in final["groups"].values() for t in g["done"]}
     after = {i for r in trained if r["step"] > at_kill["step"] for i in r["ids"]}
-    assert paused <= after | still, "a paused trajectory was lost"
+    dropped = {i for r in trained if r["step"] > at_kill["step"] for i in r["dapo_dropped"]}
+    assert not (after & dropped)
+    assert paused <= after | dropped | still, "a paused trajectory was lost"
     assert paused & after, "no paused trajectory was trained after the resume"
     # Seeded per-position draws + exact state: the killed-and-resumed run equals the uninterrupted one.
     assert trained == rows(ref, "trained.jsonl")

@@ -112,7 +112,7 @@ def test_forced_length_ignores_eos_and_occupancy_counts():
 
 def test_update_weights_refuses_while_running_and_abort_hands_back():
     engine = HFEngine(tiny(0), capacity=2)
-    engine.submit(requests(3))
+    engine.submit(requests(3, forced_length=5))
     engine.step()
     with pytest.raises(RuntimeError):
         engine.update_weights({}, 1)
