@@ -176,7 +176,7 @@ class Learner:
                 d = (ref[idx] - lp).masked_fill(~m, 0.0)
                 k3 = (d.exp() - 1 - d).masked_fill(~m, 0.0).sum() / m.sum().clamp(min=1)
                 loss = loss + cfg.kl_beta * k3
-                kls.append(float(k3))
+                kls.append(float(k3.detach()))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip > 0:
