@@ -179,7 +179,8 @@ def run(
             "discarded_stale_tokens": st["discarded_tokens"],
             "dapo_dropped_groups": st["dapo_dropped_groups"],
             "bkl_masked_fraction": lm["bkl_masked_fraction"],
-            "occupancy": st["occupancy"],
+            # Run-to-date: a step whose batch came entirely from carried-over groups takes no engine step.
+            "occupancy": st["occupancy_cumulative"],
             "old_version_fraction": st["old_version_fraction"],
             "old_version_tokens": st["old_version_tokens"],
             "trained_tokens": st["trained_tokens"],

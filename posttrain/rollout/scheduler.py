@@ -107,6 +107,11 @@ _TOTAL_KEYS = (
 )
 
 
+def _prompt_of(t: Trajectory) -> Prompt:
+    meta = {k: v for k, v in t.request.meta.items() if k != "prompt_id"}
+    return Prompt(t.request.meta.get("prompt_id", t.group_id), list(t.prompt_ids), meta)
+
+
 def _identical(rewards: list[float], atol: float) -> bool:
     return max(rewards) - min(rewards) <= atol
 
@@ -139,6 +144,8 @@ class PartialRolloutScheduler:
         self._paused: list[Trajectory] = []
         self._restarted: set[str] = set()
         self._dropped: list[str] = []
+        self._carry: list[list[Trajectory]] = []
+        """Complete groups beyond ``batch_target`` (trained at the next step; batches keep a fixed size)."""
         """Request ids restarted after a stale discard and not finished yet."""
         self.totals = dict.fromkeys(_TOTAL_KEYS, 0)
 
@@ -148,11 +155,15 @@ class PartialRolloutScheduler:
         cfg = self.config
         before = dict(self.totals)
         self._resume_paused()
-        self._dropped: list[str] = []
+        self._dropped = []
         ready: list[list[Trajectory]] = []
+        carried, self._carry = self._carry, []
+        for members in carried:  # complete groups left over from the last batch: re-checked for staleness
+            self._complete(members, ready)
         steps = 0
         while len(ready) < cfg.batch_target or (cfg.finish_restarted and self._restarted_in_flight()):
-            self._fill(len(ready))
+            if len(ready) < cfg.batch_target:  # while only draining restarted ones, admit no new prompts
+                self._fill(len(ready))
             out = self.engine.step()
             steps += 1
             if steps > cfg.max_engine_steps:
@@ -164,6 +175,7 @@ class PartialRolloutScheduler:
             for t in out.finished:
                 self._on_finished(t, ready)
         self._paused = self.engine.pause()
+        ready, self._carry = ready[: cfg.batch_target], ready[cfg.batch_target :]  # fixed batch size
         if not cfg.partial and self._paused:
             raise AssertionError("synchronous scheduler left trajectories in flight")
         stats = self._account(ready, before)
@@ -242,14 +254,20 @@ class PartialRolloutScheduler:
         if len(group["done"]) < self.config.group_size:
             return
         members = [group["done"][k] for k in sorted(group["done"], key=lambda k: int(k.rsplit("-", 1)[1]))]
+        del self._groups[t.group_id]
+        self._complete(members, ready)
+
+    def _complete(self, members: list[Trajectory], ready: list[list[Trajectory]]) -> None:
+        """A group whose samples all finished: restart stale members, drop it (DAPO) or add it to the batch."""
+        gid = members[0].group_id
         stale = [m for m in members if self._lag(m) > self.config.max_stale]
         if stale:
+            done = {m.request_id: m for m in members if m not in stale}
+            self._groups[gid] = {"prompt": _prompt_of(members[0]), "done": done}
             for m in stale:
-                del group["done"][m.request_id]
                 self._discard(m)
             self.engine.resume(stale)
             return
-        del self._groups[t.group_id]
         if self.config.dapo and _identical([m.reward for m in members], self.config.dapo_atol):
             self.totals["dapo_dropped_groups"] += 1
             self.totals["dapo_dropped_tokens"] += sum(m.n_tokens for m in members)
@@ -268,7 +286,8 @@ class PartialRolloutScheduler:
         lags = [self._lag(t) for t in trajs]
         return {
             **{k: float(v) for k, v in d.items()},
-            "occupancy": d["decoded"] / max(d["slots"], 1),
+            "occupancy": d["decoded"] / d["slots"] if d["slots"] else float("nan"),
+            "occupancy_cumulative": self.totals["decoded"] / max(self.totals["slots"], 1),
             "old_version_fraction": old / max(trained, 1),
             "mean_trained_length": trained / max(len(trajs), 1),
             "mean_finished_length": d["finished_tokens"] / max(d["finished_trajectories"], 1),
@@ -300,6 +319,7 @@ class PartialRolloutScheduler:
                 for gid, g in self._groups.items()
             },
             "paused": [t.to_dict() for t in self._paused],
+            "carry": [[t.to_dict() for t in g] for g in self._carry],
             "totals": dict(self.totals),
         }
 
@@ -318,6 +338,7 @@ class PartialRolloutScheduler:
             done = [Trajectory.from_dict(d) for d in g["done"]]
             self._groups[gid] = {"prompt": Prompt(**g["prompt"]), "done": {t.request_id: t for t in done}}
         self._paused = [Trajectory.from_dict(d) for d in state["paused"]]
+        self._carry = [[Trajectory.from_dict(d) for d in g] for g in state.get("carry", [])]
         self._restarted = {t.request_id for t in self._paused if t.attempt > 0 and t.n_tokens == 0}
         self.totals = dict.fromkeys(_TOTAL_KEYS, 0) | state["totals"]
 

@@ -47,6 +47,9 @@ class HFEngine:
         """R3 hook (see ``ExpertsRecorder``); required by requests with ``return_routed_experts``."""
         self.steps = 0
         """Decode steps taken (the benchmark's clock)."""
+        self.pad_waste = 1.5
+        """Length bucketing of a decode step: padded KV ≤ pad_waste × real KV + pad_slack per bucket."""
+        self.pad_slack = 512
 
     # -- protocol properties -------------------------------------------------------------------------
     @property
@@ -113,8 +116,8 @@ class HFEngine:
             self._record(r.traj, experts, 0, len(ids))
             rows.append((r, logits[0, -1]))
             out.n_prefilled_tokens += len(ids)
-        if warm:
-            rows += self._decode(warm)
+        for bucket in self._buckets(warm):
+            rows += self._decode(bucket)
         self._sample(rows)
         self.steps += 1
         out.n_decoded = len(self._running)
@@ -143,6 +146,25 @@ class HFEngine:
         experts = rec.end() if rec is not None else None
         new = [(layer.keys, layer.values) for layer in o.cache.layers]
         return o.logits, new, experts
+
+    def _buckets(self, warm: list[_Running]) -> list[list[_Running]]:
+        """Split the decode batch by KV length so one long request does not pad every row to its length:
+        rows sorted by length, a new bucket whenever padding would exceed ``pad_waste`` × the real KV
+        (plus ``pad_slack`` positions). Long-tailed lengths otherwise make the padded attention/KV copy
+        cost grow with the longest request, not the mean."""
+        buckets: list[list[_Running]] = []
+        cur: list[_Running] = []
+        total = 0
+        for r in sorted(warm, key=lambda r: r.kv[0][0].shape[2]):
+            n = r.kv[0][0].shape[2]
+            if cur and (len(cur) + 1) * n > self.pad_waste * (total + n) + self.pad_slack:
+                buckets.append(cur)
+                cur, total = [], 0
+            cur.append(r)
+            total += n
+        if cur:
+            buckets.append(cur)
+        return buckets
 
     def _decode(self, warm: list[_Running]) -> list[tuple[_Running, Tensor]]:
         lens = [r.kv[0][0].shape[2] for r in warm]

@@ -203,3 +203,14 @@ def test_state_dict_refuses_while_engine_busy():
     sched._submit_group()
     with pytest.raises(RuntimeError):
         sched.state_dict()
+
+
+def test_batches_keep_a_fixed_size_and_extras_carry_over_once():
+    # 8 slots, groups of 2, all length 1: four groups complete in the first step, the batch takes two.
+    sched, _ = make([[1, 1]], capacity=8, group_size=2, batch_target=2)
+    batches = run_steps(sched, 6)
+    assert all(len(b.groups) == 2 for b in batches)
+    ids = [t.request_id for b in batches for g in b.groups for t in g]
+    assert len(ids) == len(set(ids))
+    assert ids[:4] == ["g0-0", "g0-1", "g1-0", "g1-1"] and ids[4:8] == ["g2-0", "g2-1", "g3-0", "g3-1"]
+    assert batches[1].stats["engine_steps"] == 0  # the carried groups alone filled the second batch
