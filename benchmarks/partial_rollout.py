@@ -11,8 +11,10 @@ measured). Counted in engine steps (one batched decode step) and wall time:
 
 - occupancy: decoded slot-steps / (engine steps × capacity)  (target ≥ 0.9 for partial)
 - goodput: trained tokens per engine step, partial / sync  (target ≥ 1.5×)
-- stale waste: tokens discarded as > max_stale versions old / tokens sampled  (target ≤ 25%)
+- stale waste: tokens discarded (stale restart) or masked out of the loss (pinned restarted trajectories'
+  tokens > max_stale versions old) / tokens sampled  (target ≤ 25%)
 - length ratio: mean trained length / mean length of the requested distribution  (target ≥ 0.7)
+- trained tokens are the tokens in the loss (loss mask 1)
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ def run(partial: bool, args: argparse.Namespace) -> dict[str, float]:
         "cpu_s": cpu,
         "tokens_per_s": tot["trained_tokens"] / wall,
         "tokens_per_cpu_s": tot["trained_tokens"] / cpu,
-        "stale_waste": tot["discarded_tokens"] / max(tot["sampled_tokens"], 1),
+        "stale_waste": (tot["discarded_tokens"] + tot["stale_masked_tokens"]) / max(tot["sampled_tokens"], 1),
+        "stale_masked_tokens": tot["stale_masked_tokens"],
         "discarded": tot["discarded_trajectories"],
         "old_version_fraction": tot["old_version_tokens"] / max(tot["trained_tokens"], 1),
         "length_ratio": (sum(trained_lengths) / len(trained_lengths)) / (sum(requested) / len(requested)),

@@ -177,6 +177,7 @@ def run(
             "sampled_length": st["mean_finished_length"],
             "discarded_stale": st["discarded_trajectories"],
             "discarded_stale_tokens": st["discarded_tokens"],
+            "stale_masked_tokens": st["stale_masked_tokens"],
             "dapo_dropped_groups": st["dapo_dropped_groups"],
             "bkl_masked_fraction": lm["bkl_masked_fraction"],
             # Run-to-date: a step whose batch came entirely from carried-over groups takes no engine step.

@@ -67,10 +67,14 @@ class SchedulerConfig:
     """Drop complete groups whose rewards are all identical and replace them (DAPO dynamic sampling)."""
     dapo_atol: float = 0.0
     """Rewards closer than this count as identical."""
-    finish_restarted: bool = True
-    """A trajectory restarted after a stale discard is decoded to its end before the next pause (the
-    batch waits for it), so a response longer than ``max_stale`` versions' worth of steps is still
-    trained once rather than discarded forever (partial rollout must not favour short answers)."""
+    pin_restarted: bool = True
+    """A trajectory restarted after a stale discard is never discarded again: when it is trained, its tokens
+    more than ``max_stale`` versions old get loss mask 0 (kept as context, counted as ``stale_masked_tokens``).
+    Without this a response longer than ``max_stale`` versions' worth of decoding would restart forever,
+    which biases training toward short answers."""
+    finish_restarted: bool = False
+    """Alternative to pinning: after the batch is complete keep decoding (admitting no new prompts) until
+    every restarted trajectory finished. Trains them fully fresh, at the price of an idle tail (occupancy)."""
     max_groups_in_flight: int = 0
     """Partial mode: cap on incomplete groups (0 = as many as the engine has room for)."""
     max_engine_steps: int = 1_000_000
@@ -104,6 +108,7 @@ _TOTAL_KEYS = (
     "groups_submitted",
     "finished_trajectories",
     "finished_tokens",
+    "stale_masked_tokens",
 )
 
 
@@ -198,6 +203,21 @@ class PartialRolloutScheduler:
         oldest = t.oldest_version()
         return 0 if oldest is None else self.version - oldest
 
+    def _stale(self, t: Trajectory) -> bool:
+        """Discard (restart) it? Pinned restarted trajectories are masked at train time instead."""
+        if self.config.pin_restarted and t.attempt > 0:
+            return False
+        return self._lag(t) > self.config.max_stale
+
+    def _mask_stale_tokens(self, t: Trajectory) -> None:
+        floor = self.version - self.config.max_stale
+        for i, v in enumerate(t.versions):
+            if v >= floor:
+                break
+            if t.loss_mask[i]:
+                t.loss_mask[i] = 0
+                self.totals["stale_masked_tokens"] += 1
+
     def _restarted_in_flight(self) -> bool:
         return bool(self._restarted)
 
@@ -210,7 +230,7 @@ class PartialRolloutScheduler:
     def _resume_paused(self) -> None:
         back = []
         for t in self._paused:
-            if self._lag(t) > self.config.max_stale:
+            if self._stale(t):
                 self._discard(t)
             back.append(t)
         self._paused = []
@@ -260,7 +280,7 @@ class PartialRolloutScheduler:
     def _complete(self, members: list[Trajectory], ready: list[list[Trajectory]]) -> None:
         """A group whose samples all finished: restart stale members, drop it (DAPO) or add it to the batch."""
         gid = members[0].group_id
-        stale = [m for m in members if self._lag(m) > self.config.max_stale]
+        stale = [m for m in members if self._stale(m)]
         if stale:
             done = {m.request_id: m for m in members if m not in stale}
             self._groups[gid] = {"prompt": _prompt_of(members[0]), "done": done}
@@ -277,19 +297,21 @@ class PartialRolloutScheduler:
 
     def _account(self, ready: list[list[Trajectory]], before: dict[str, int]) -> dict[str, float]:
         trajs = [t for g in ready for t in g]
-        trained = sum(t.n_tokens for t in trajs)
-        old = sum(sum(1 for v in t.versions if v < self.version) for t in trajs)
+        for t in trajs:
+            self._mask_stale_tokens(t)
+        trained = sum(sum(t.loss_mask) for t in trajs)  # tokens in the loss (stale-masked ones excluded)
+        old = sum(sum(1 for v, m in zip(t.versions, t.loss_mask) if m and v < self.version) for t in trajs)
         self.totals["trained_tokens"] += trained
         self.totals["trained_trajectories"] += len(trajs)
         self.totals["old_version_tokens"] += old
         d = {k: self.totals[k] - before[k] for k in _TOTAL_KEYS}
-        lags = [self._lag(t) for t in trajs]
+        lags = [self.version - v for t in trajs for v, m in zip(t.versions, t.loss_mask) if m]
         return {
             **{k: float(v) for k, v in d.items()},
             "occupancy": d["decoded"] / d["slots"] if d["slots"] else float("nan"),
             "occupancy_cumulative": self.totals["decoded"] / max(self.totals["slots"], 1),
             "old_version_fraction": old / max(trained, 1),
-            "mean_trained_length": trained / max(len(trajs), 1),
+            "mean_trained_length": sum(t.n_tokens for t in trajs) / max(len(trajs), 1),
             "mean_finished_length": d["finished_tokens"] / max(d["finished_trajectories"], 1),
             "max_lag": float(max(lags, default=0)),
             "multi_version_trajectories": float(sum(1 for t in trajs if t.versions and t.versions[-1] > t.versions[0])),

@@ -62,7 +62,7 @@ def test_lag_three_kept_lag_four_discarded():
     # short ones complete one batch per engine step, so the long one gains one token per version.
     for long, kept in ((4, True), (5, False)):
         sched, _ = make([[long]] + [[1]] * 50)
-        batches = run_steps(sched, 8)
+        batches = run_steps(sched, 10)
         trained = {t.request_id: t for b in batches for g in b.groups for t in g}
         if kept:
             t = trained["g0-0"]
@@ -73,8 +73,11 @@ def test_lag_three_kept_lag_four_discarded():
         else:
             assert sched.totals["discarded_trajectories"] == 1
             assert sched.totals["discarded_tokens"] == 4  # versions 0..3 thrown away at version 4
-            t = trained["g0-0"]  # restarted from scratch and decoded to its end within version 4
-            assert t.attempt == 1 and t.versions == [4] * 5
+            # Restarted from scratch at version 4 and pinned: never discarded again; when trained at version 8
+            # its token of version 4 is more than 3 versions old and leaves the loss (context only).
+            t = trained["g0-0"]
+            assert t.attempt == 1 and t.versions == [4, 5, 6, 7, 8] and t.loss_mask == [0, 1, 1, 1, 1]
+            assert sched.totals["stale_masked_tokens"] == 1
 
 
 def test_versions_non_decreasing_and_logprobs_match_versions():
@@ -214,3 +217,12 @@ def test_batches_keep_a_fixed_size_and_extras_carry_over_once():
     assert len(ids) == len(set(ids))
     assert ids[:4] == ["g0-0", "g0-1", "g1-0", "g1-1"] and ids[4:8] == ["g2-0", "g2-1", "g3-0", "g3-1"]
     assert batches[1].stats["engine_steps"] == 0  # the carried groups alone filled the second batch
+
+
+def test_finish_restarted_alternative_trains_restarted_ones_fully_fresh():
+    engine = ScriptedEngine(capacity=2, length_fn=length_of)
+    cfg = SchedulerConfig(batch_target=1, group_size=1, dapo=False, pin_restarted=False, finish_restarted=True)
+    sched = PartialRolloutScheduler(engine, ListSource([[5]] + [[1]] * 50), reward_of, SamplingParams(), cfg)
+    batches = run_steps(sched, 8)
+    t = next(t for b in batches for g in b.groups for t in g if t.request_id == "g0-0")
+    assert t.attempt == 1 and t.versions == [4] * 5 and t.loss_mask == [1] * 5
