@@ -56,13 +56,15 @@ def test_bkl_mask_masks_tokens_after_an_engine_mismatch():
     assert learner2.train(b2)["bkl_masked_fraction"] == 0.0  # φ ≤ 0 switches the mask off
 
 
-def test_kl_beta_option_reports_kl():
+def test_kl_beta_option_penalises_distance_to_the_frozen_reference():
     learner, sched = setup(kl_beta=0.1)
+    ref0 = {k: v.clone() for k, v in learner.reference.state_dict().items()}
     m1 = learner.train(sched.collect())
     sched.sync(learner.weights(), learner.version)
     m2 = learner.train(sched.collect())
-    # The first minibatch still runs the reference weights (k3 = 0); later ones have moved away from them.
-    assert 0.0 < m1["kl"] < m2["kl"]
+    # The first minibatch runs the reference weights (k3 = 0); every later one has moved away from them.
+    assert m1["kl"] > 0.0 and m2["kl"] > 0.0
+    assert all(torch.equal(ref0[k], v) for k, v in learner.reference.state_dict().items())
     plain, sched0 = setup(kl_beta=0.0)
     assert plain.reference is None and plain.train(sched0.collect())["kl"] == 0.0
 
