@@ -62,6 +62,17 @@ class Packed:
     response_mask: Tensor  # [N, T] bool: real response token with loss_mask 1
     behaviour: Tensor  # [N, T] behaviour logprobs (0 on padding)
     versions: Tensor  # [N, T] int64 (-1 on padding)
+    routes: list | None = None
+    """Per row ``Trajectory.routed_experts`` (MoE policies, R3) or None: replayed in the learner's forward."""
+
+    def select(self, idx: Tensor) -> Packed:
+        """The rows ``idx`` (a minibatch)."""
+        tensors = [getattr(self, f)[idx] for f in _TENSOR_FIELDS]
+        routes = None if self.routes is None else [self.routes[i] for i in idx.tolist()]
+        return Packed(*tensors, routes=routes)
+
+
+_TENSOR_FIELDS = ("input_ids", "attention_mask", "positions", "tokens", "response_mask", "behaviour", "versions")
 
 
 def pack(trajs: list[Trajectory]) -> Packed:
@@ -85,12 +96,23 @@ def pack(trajs: list[Trajectory]) -> Packed:
         rmask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.bool)
         beh[i, :k] = torch.tensor(t.logprobs)
         ver[i, :k] = torch.tensor(t.versions)
-    return Packed(ids, att, pos, tok, rmask, beh, ver)
+    routes = [t.routed_experts for t in trajs] if any(t.routed_experts for t in trajs) else None
+    return Packed(ids, att, pos, tok, rmask, beh, ver, routes)
 
 
 def token_logprobs(model: torch.nn.Module, p: Packed, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
-    """log π(y_t) of each response token under ``model`` with the engine's sampling transform: ``[N, T]``."""
-    logits = model(input_ids=p.input_ids, attention_mask=p.attention_mask, use_cache=False).logits
+    """log π(y_t) of each response token under ``model`` with the engine's sampling transform: ``[N, T]``.
+
+    When the trajectories carry routed experts (an MoE policy sampled with R3 recording), the forward replays
+    the engine's expert choices (``posttrain.r3``; gate weights still from the live router logits)."""
+    if p.routes is not None:
+        from posttrain.r3 import replay_trajectories
+
+        # Right padding: every row's prompt starts at column 0.
+        with replay_trajectories(model, p.routes, p.input_ids.shape[1], [0] * p.input_ids.shape[0]):
+            logits = model(input_ids=p.input_ids, attention_mask=p.attention_mask, use_cache=False).logits
+    else:
+        logits = model(input_ids=p.input_ids, attention_mask=p.attention_mask, use_cache=False).logits
     idx = p.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
     at = logits.gather(1, idx)  # [N, T, V]: the logits that predicted each response token
     return sampling_logprobs(at, temperature, top_p).gather(-1, p.tokens.unsqueeze(-1)).squeeze(-1)
@@ -168,7 +190,7 @@ class Learner:
         chunks = [c for c in order.chunk(min(cfg.n_minibatches, len(trajs))) if len(c)]
         losses, clip_fracs, kls = [], [], []
         for idx in chunks:
-            sub = Packed(*(getattr(p, f)[idx] for f in Packed.__dataclass_fields__))
+            sub = p.select(idx)
             lp = token_logprobs(self.model, sub, self.temperature, self.top_p)
             loss, st = policy_loss(lp, sub.behaviour, adv[idx], sub.response_mask, keep[idx], cfg.clip)
             if ref is not None:
