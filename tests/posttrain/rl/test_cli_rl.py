@@ -147,3 +147,21 @@ def test_kill_9_while_paused_then_resume_loses_and_repeats_nothing(tmp_path):
     # Seeded per-position draws + exact state: the killed-and-resumed run equals the uninterrupted one.
     assert trained == rows(ref, "trained.jsonl")
     assert [r["reward"] for r in rows(out)] == [r["reward"] for r in rows(ref)]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_ray_local_two_engine_workers_reproduces_the_in_process_run(tmp_path):
+    from tests.conftest import in_loopback_namespace
+
+    if not in_loopback_namespace():
+        pytest.skip("Ray binds every interface: run inside `unshare -n sh -c 'ip link set lo up && exec pytest ...'`")
+    steps = ["--set", "steps=6"]
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    subprocess.run(cli(local, *steps), env=env(), check=True, capture_output=True)
+    proc = subprocess.run(
+        cli(on_ray, *steps, "--ray", "local", "--engine-workers", "2"), env=env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert rows(on_ray, "trained.jsonl") == rows(local, "trained.jsonl")
+    assert [r["reward"] for r in rows(on_ray)] == [r["reward"] for r in rows(local)]
