@@ -110,12 +110,10 @@ class HFEngine:
         fresh = [r for r in self._running if r.kv is None]
         warm = [r for r in self._running if r.kv is not None]
         rows: list[tuple[_Running, Tensor]] = []
-        for r in fresh:  # prefill (new or resumed): every fed position, one forward each
-            ids = r.traj.prompt_ids + r.traj.token_ids
-            logits, r.kv, experts = self._forward(torch.tensor([ids]), None, None, None)
-            self._record(r.traj, experts, 0, len(ids))
-            rows.append((r, logits[0, -1]))
-            out.n_prefilled_tokens += len(ids)
+        # Prefill new and resumed requests (every fed position), batched by similar length with left padding.
+        for bucket in self._buckets(fresh, lambda r: len(r.traj.prompt_ids) + r.traj.n_tokens):
+            rows += self._prefill(bucket)
+            out.n_prefilled_tokens += sum(len(r.traj.prompt_ids) + r.traj.n_tokens for r in bucket)
         for bucket in self._buckets(warm):
             rows += self._decode(bucket)
         self._sample(rows)
@@ -147,7 +145,7 @@ class HFEngine:
         new = [(layer.keys, layer.values) for layer in o.cache.layers]
         return o.logits, new, experts
 
-    def _buckets(self, warm: list[_Running]) -> list[list[_Running]]:
+    def _buckets(self, warm: list[_Running], length=None) -> list[list[_Running]]:  # noqa: ANN001
         """Split the decode batch by KV length so one long request does not pad every row to its length:
         rows sorted by length, a new bucket whenever padding would exceed ``pad_waste`` × the real KV
         (plus ``pad_slack`` positions). Long-tailed lengths otherwise make the padded attention/KV copy
@@ -155,8 +153,9 @@ class HFEngine:
         buckets: list[list[_Running]] = []
         cur: list[_Running] = []
         total = 0
-        for r in sorted(warm, key=lambda r: r.kv[0][0].shape[2]):
-            n = r.kv[0][0].shape[2]
+        length = length or (lambda r: r.kv[0][0].shape[2])
+        for r in sorted(warm, key=length):
+            n = length(r)
             if cur and (len(cur) + 1) * n > self.pad_waste * (total + n) + self.pad_slack:
                 buckets.append(cur)
                 cur, total = [], 0
@@ -165,6 +164,25 @@ class HFEngine:
         if cur:
             buckets.append(cur)
         return buckets
+
+    def _prefill(self, fresh: list[_Running]) -> list[tuple[_Running, Tensor]]:
+        seqs = [r.traj.prompt_ids + r.traj.token_ids for r in fresh]
+        lmax = max(len(q) for q in seqs)
+        ids = torch.zeros(len(seqs), lmax, dtype=torch.long)
+        mask = torch.zeros(len(seqs), lmax, dtype=torch.long)
+        for i, q in enumerate(seqs):
+            ids[i, lmax - len(q) :] = torch.tensor(q)
+            mask[i, lmax - len(q) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        one = len(seqs) == 1  # no padding: the plain unmasked forward
+        logits, kv, experts = self._forward(ids, None if one else mask, None if one else pos, None)
+        rows = []
+        for i, (r, q) in enumerate(zip(fresh, seqs)):
+            off = lmax - len(q)
+            r.kv = [(k[i : i + 1, :, off:], v[i : i + 1, :, off:]) for k, v in kv]
+            self._record(r.traj, experts[i : i + 1] if experts is not None else None, 0, len(q), offset=off)
+            rows.append((r, logits[i, -1]))
+        return rows
 
     def _decode(self, warm: list[_Running]) -> list[tuple[_Running, Tensor]]:
         lens = [r.kv[0][0].shape[2] for r in warm]
