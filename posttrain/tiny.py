@@ -27,7 +27,15 @@ def causal_lm(vocab_size: int = 1024, hidden_size: int = 64) -> Any:
         max_position_embeddings=512,
         tie_word_embeddings=True,
     )
-    return Qwen2ForCausalLM(config)
+    return Qwen2ForCausalLM(config).float().eval()
+
+
+def build_tiny_causal_lm(vocab_size: int = 1024, hidden_size: int = 64, seed: int = 0) -> Any:
+    """The same 2-layer Qwen2 causal LM in memory, seeded here (fp32, eval mode)."""
+    import torch
+
+    torch.manual_seed(seed)
+    return causal_lm(vocab_size, hidden_size)
 
 
 def tiny_models(kit: Any) -> dict[str, tuple[str, Callable[[], list[Any]]]]:

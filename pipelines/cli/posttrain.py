@@ -1,0 +1,87 @@
+"""``scifolio posttrain rl``: RL post-training with partial rollout (posttrain/rl/loop.py).
+
+    scifolio posttrain rl --config debug --out runs/rl                  # tiny policy, built on the spot
+    scifolio posttrain rl --config debug --out runs/rl --resume         # continue after a crash / kill -9
+    scifolio posttrain rl --config debug --out runs/rl --set steps=10 --set scheduler.partial=false
+    scifolio posttrain rl --config debug --out runs/rl --ray local --engine-workers 2
+    scifolio posttrain rl --config small --out runs/rl --set policy.path=/models/qwen --set task.jsonl=train.jsonl
+
+Writes DIR/metrics.jsonl (one row per step), DIR/tb (TensorBoard), DIR/checkpoint and DIR/policy (HF checkpoint).
+``--ray`` starts a local Ray (``local``) or joins a cluster (``HOST:PORT``); Ray binds every interface, so run a
+local one inside a loopback-only namespace (``unshare -n``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("posttrain", help="RL post-training (partial rollout, detached-IS loss, BKL mask)")
+    sub = p.add_subparsers(dest="posttrain_command", metavar="STAGE", required=True)
+    rl = sub.add_parser(
+        "rl",
+        help="RL on a verifiable task with the partial-rollout scheduler",
+        description="Collect with partial rollout, train with Eq 29 + BKL mask, sync, checkpoint; one metrics row per step.",
+    )
+    rl.add_argument("--config", default="debug", help="recipe name (posttrain/rl/recipes.py: debug, small)")
+    rl.add_argument("--out", required=True, help="run directory (metrics.jsonl, tb/, checkpoint/, policy/)")
+    rl.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint (in-flight rollouts included)")
+    rl.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, dotted for nested ones (steps=10, scheduler.partial=false, learner.lr=1e-3)",
+    )
+    rl.add_argument("--ray", default=None, metavar="local|ADDRESS", help="rollout engines as Ray actors")
+    rl.add_argument("--engine-workers", type=int, default=2, help="with --ray: number of engine workers")
+    rl.add_argument("--no-progress", action="store_true", help="no progress bar")
+    rl.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    rl.set_defaults(func=run_rl)
+
+
+def _overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: --set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
+def run_rl(args: argparse.Namespace) -> int:
+    from posttrain.rl.recipes import RECIPES, to_dict, with_overrides
+
+    if args.config not in RECIPES:
+        print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
+        return 2
+    cfg = with_overrides(RECIPES[args.config](), _overrides(args.set))
+    if args.print_config:
+        print(json.dumps(to_dict(cfg), indent=2))
+        return 0
+    from posttrain.rl.loop import run
+
+    make_engine = None
+    if args.ray:
+        try:
+            from posttrain import ray_actors
+        except ImportError as e:
+            print(f"error: --ray needs Ray and posttrain/ray_actors.py ({e})", file=sys.stderr)
+            return 2
+
+        def make_engine(weights, version):  # noqa: ANN001, ANN202
+            return ray_actors.rl_engine_on_ray(cfg, args.ray, args.engine_workers, weights, version)
+
+    try:
+        rows = run(cfg, args.out, resume=args.resume, progress=not args.no_progress, make_engine=make_engine)
+    finally:
+        if args.ray:
+            ray_actors.shutdown_ray()
+    if rows:
+        last = rows[-1]
+        print(f"step {last['step']}: reward {last['reward']:.3f}, policy at {args.out}/policy")
+    return 0

@@ -1,0 +1,345 @@
+"""Ray as the distributed engine of RL post-training (issue 12). The ONLY module of the project that imports Ray.
+
+The work is done by plain classes (``HFEngine``/``VLLMEngine``, ``PartialRolloutScheduler``, ``Learner``); this
+module only places them on a Ray cluster:
+
+- ``EngineWorker``: an actor hosting one rollout engine, built ON the worker by a picklable factory (workers
+  build heavy objects themselves; no model crosses the wire at start).
+- ``RayEngine``: the ``RolloutEngine`` protocol over N engine workers, so the scheduler runs unchanged. Requests
+  go to the worker with the most free slots; ``step`` steps every busy worker in parallel; ``pause`` pauses them
+  all; a weight update is put in the object store once and every worker reads it from there. Finished and
+  paused trajectories come back in admission order, so with per-worker capacity summing to an in-process
+  engine's capacity the scheduler sees the same sequence of events as in-process.
+- ``Coordinator``: an actor hosting the scheduler (with a ``RayEngine`` inside); ``LearnerWorker``: an actor
+  hosting the learner. ``run_steps`` drives them: collect → train → weights to the object store → sync.
+- ``init_ray("local" | ADDRESS)``: start a local Ray in this process or join a cluster.
+
+``scifolio posttrain rl --ray local`` (or ``--ray HOST:PORT``) uses ``init_ray`` + ``RayEngine``; on Kubernetes see
+``infra/ray/README.md``. Ray binds every interface: run tests and local clusters in a loopback-only namespace.
+
+    unshare -n sh -c 'ip link set lo up && exec env PYTHONPATH=$PWD python -m pytest tests/posttrain/test_ray_actors.py'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from posttrain.rollout.engine import RolloutEngine, StepOutput
+from posttrain.rollout.types import Request, Trajectory
+
+EngineFactory = Callable[[], RolloutEngine]
+"""Builds one rollout engine on the worker that calls it (a module-level function or a picklable callable)."""
+
+
+def init_ray(address: str = "local", num_cpus: int | None = None, **kwargs: Any) -> dict[str, Any]:
+    """``"local"``: start a Ray head inside this process (no dashboard, no usage stats); else join ``address``
+    (``HOST:PORT`` of a head's GCS, ``auto`` inside a cluster, or ``ray://HOST:10001`` through Ray Client).
+
+    A local Ray's workers get this checkout on their ``PYTHONPATH``; a cluster's image installs the project.
+    Returns the cluster's resources.
+    """
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address == "local":
+        root = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+        runtime_env = {"env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}}
+        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, **kwargs)
+    else:
+        ray.init(address=address, **kwargs)
+    return ray.cluster_resources()
+
+
+def shutdown_ray() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+class _EngineHost:
+    """One rollout engine living in a Ray worker process."""
+
+    def __init__(self, factory: EngineFactory, torch_threads: int = 1) -> None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+        self.engine = factory()
+
+    def info(self) -> tuple[int, int, int, str]:
+        return self.engine.version, self.engine.capacity, self.engine.n_active, ray.get_runtime_context().get_node_id()
+
+    def submit(self, requests: list[Request]) -> None:
+        self.engine.submit(requests)
+
+    def resume(self, trajectories: list[Trajectory]) -> None:
+        self.engine.resume(trajectories)
+
+    def step(self) -> StepOutput:
+        return self.engine.step()
+
+    def pause(self) -> list[Trajectory]:
+        return self.engine.pause()
+
+    def abort(self, request_ids: list[str]) -> list[Trajectory]:
+        return self.engine.abort(request_ids)
+
+    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
+        self.engine.update_weights(state, version)
+
+
+EngineWorker = ray.remote(_EngineHost)
+"""``EngineWorker.options(num_cpus=1).remote(factory)``: an engine in its own Ray worker process."""
+
+
+def start_engine_workers(
+    factory: EngineFactory, n_workers: int, num_cpus: float = 1, spread: bool = True, torch_threads: int = 1
+) -> list[Any]:
+    """``n_workers`` engine actors (``SPREAD`` over nodes by default), each building its engine with ``factory``."""
+    strategy = "SPREAD" if spread else "DEFAULT"
+    return [
+        EngineWorker.options(num_cpus=num_cpus, scheduling_strategy=strategy).remote(factory, torch_threads)
+        for _ in range(n_workers)
+    ]
+
+
+class RayEngine:
+    """``RolloutEngine`` over engine-worker actors (see the module docstring)."""
+
+    def __init__(self, workers: Sequence[Any]) -> None:
+        if not workers:
+            raise ValueError("RayEngine needs at least one engine worker")
+        self.workers = list(workers)
+        infos = ray.get([w.info.remote() for w in self.workers])
+        versions = {v for v, _, _, _ in infos}
+        if len(versions) != 1:
+            raise ValueError(f"engine workers start at different versions: {sorted(versions)}")
+        if any(n for _, _, n, _ in infos):
+            raise ValueError("engine workers must start empty")
+        self._version = versions.pop()
+        self._caps = [c for _, c, _, _ in infos]
+        self.nodes = [node for _, _, _, node in infos]
+        """Ray node id of each worker (tests check the workers really sit on different nodes)."""
+        self._held: list[set[str]] = [set() for _ in self.workers]
+        self._admitted: dict[str, int] = {}
+        self._counter = 0
+        self.steps = 0
+
+    # -- protocol properties ------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def capacity(self) -> int:
+        return sum(self._caps)
+
+    @property
+    def n_active(self) -> int:
+        return sum(len(h) for h in self._held)
+
+    # -- protocol methods ---------------------------------------------------------------------------------------
+    def submit(self, requests: Sequence[Request]) -> None:
+        self._place(list(requests), "submit")
+
+    def resume(self, trajectories: Sequence[Trajectory]) -> None:
+        self._place(list(trajectories), "resume")
+
+    def step(self) -> StepOutput:
+        busy = [i for i, h in enumerate(self._held) if h]
+        outs = ray.get([self.workers[i].step.remote() for i in busy])
+        merged = StepOutput()
+        for i, o in zip(busy, outs, strict=True):
+            merged.n_decoded += o.n_decoded
+            merged.n_prefilled_tokens += o.n_prefilled_tokens
+            for t in o.finished:
+                self._release(i, t.request_id)
+            merged.finished += o.finished
+        merged.finished.sort(key=self._order)
+        for t in merged.finished:
+            self._admitted.pop(t.request_id, None)
+        self.steps += 1
+        return merged
+
+    def pause(self) -> list[Trajectory]:
+        outs = ray.get([w.pause.remote() for w in self.workers])
+        paused = sorted((t for out in outs for t in out), key=self._order)
+        self._held = [set() for _ in self.workers]
+        self._admitted.clear()
+        return paused
+
+    def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
+        ids = set(request_ids)
+        calls = [(i, sorted(h & ids)) for i, h in enumerate(self._held) if h & ids]
+        outs = ray.get([self.workers[i].abort.remote(sub) for i, sub in calls])
+        aborted = sorted((t for out in outs for t in out), key=self._order)
+        for i, sub in calls:
+            for rid in sub:
+                self._release(i, rid)
+                self._admitted.pop(rid, None)
+        return aborted
+
+    def update_weights(self, state: Mapping[str, Any] | ray.ObjectRef, version: int) -> None:
+        """Put the weights in the object store once (or take a ref already there); every worker loads them."""
+        if self.n_active:
+            raise RuntimeError("update_weights while requests are held: pause() first")
+        ref = state if isinstance(state, ray.ObjectRef) else ray.put(dict(state))
+        ray.get([w.update_weights.remote(ref, int(version)) for w in self.workers])
+        self._version = int(version)
+
+    # -- internals ----------------------------------------------------------------------------------------------
+    def _order(self, t: Trajectory) -> int:
+        return self._admitted.get(t.request_id, 1 << 62)
+
+    def _release(self, worker: int, request_id: str) -> None:
+        self._held[worker].discard(request_id)
+
+    def _place(self, items: list[Request] | list[Trajectory], method: str) -> None:
+        """Give each item to the worker with the most free slots (lowest index on ties), in order."""
+        batches: list[list] = [[] for _ in self.workers]
+        for item in items:
+            rid = item.request_id
+            i = max(range(len(self.workers)), key=lambda w: (self._caps[w] - len(self._held[w]), -w))
+            self._held[i].add(rid)
+            self._admitted[rid] = self._counter
+            self._counter += 1
+            batches[i].append(item)
+        ray.get([getattr(self.workers[i], method).remote(b) for i, b in enumerate(batches) if b])
+
+
+def ray_rollout_engine(factory: EngineFactory, n_workers: int, num_cpus: float = 1) -> RayEngine:
+    """The engine ``posttrain rl --ray`` uses: ``n_workers`` engine actors behind one ``RolloutEngine``."""
+    return RayEngine(start_engine_workers(factory, n_workers, num_cpus=num_cpus))
+
+
+class HFEngineFactory:
+    """Picklable factory: an ``HFEngine`` around ``build_model()`` (called on the worker), with ``capacity`` slots.
+
+    ``record_routes``: install the R3 recorder (MoE policies; requests then fill ``Trajectory.routed_experts``).
+    """
+
+    def __init__(
+        self, build_model: Callable[[], Any], capacity: int, version: int = 0, record_routes: bool = False
+    ) -> None:
+        self.build_model, self.capacity, self.version = build_model, capacity, version
+        self.record_routes = record_routes
+
+    def __call__(self) -> RolloutEngine:
+        from posttrain.rollout.engines.hf import HFEngine
+
+        engine = HFEngine(self.build_model().eval(), capacity=self.capacity, version=self.version)
+        if self.record_routes:
+            from posttrain.r3 import EngineRoutingRecorder
+
+            engine.experts_recorder = EngineRoutingRecorder(engine.model)
+        return engine
+
+
+class LearnerFactory:
+    """Picklable factory: a ``Learner`` on ``build_model()`` (called where the learner lives)."""
+
+    def __init__(
+        self, build_model: Callable[[], Any], config: Any = None, temperature: float = 1.0, top_p: float = 1.0
+    ):
+        self.build_model, self.config, self.temperature, self.top_p = build_model, config, temperature, top_p
+
+    def __call__(self) -> Any:
+        from posttrain.rl.learner import Learner, LearnerConfig
+
+        return Learner(self.build_model(), self.config or LearnerConfig(), self.temperature, self.top_p)
+
+
+def _rl_policy_model(cfg: Any) -> Any:
+    from posttrain.rl.loop import build_policy
+
+    return build_policy(cfg)[0]
+
+
+def rl_engine_on_ray(
+    cfg: Any, address: str, n_workers: int, weights: Mapping[str, Any], version: int, num_cpus: int | None = None
+) -> RayEngine:
+    """The engine of ``posttrain rl --ray``: start/join Ray, ``n_workers`` HF engines on the run's policy, load
+    ``weights`` at ``version`` (so every worker starts from the learner's exact weights)."""
+    import functools
+
+    if not ray.is_initialized():
+        init_ray(address, num_cpus=num_cpus if num_cpus is not None else (n_workers if address == "local" else None))
+    per_worker = max(1, cfg.engine_capacity // n_workers)
+    engine = ray_rollout_engine(HFEngineFactory(functools.partial(_rl_policy_model, cfg), per_worker), n_workers)
+    engine.update_weights(weights, version)
+    return engine
+
+
+# -- coordinator and learner actors --------------------------------------------------------------------------------
+
+
+class _CoordinatorHost:
+    """The scheduler in an actor; its engine is a ``RayEngine`` over engine workers it starts itself."""
+
+    def __init__(
+        self, scheduler_factory: Callable[[RolloutEngine], Any], engine_factory: EngineFactory, n_workers: int
+    ) -> None:
+        self.engine = ray_rollout_engine(engine_factory, n_workers)
+        self.scheduler = scheduler_factory(self.engine)
+
+    def collect(self) -> Any:
+        return self.scheduler.collect()
+
+    def sync(self, state: list[ray.ObjectRef] | Mapping[str, Any], version: int) -> int:
+        """``state``: the weights, or ``[ref]`` to pass an object-store ref through untouched (workers read it)."""
+        self.scheduler.sync(state[0] if isinstance(state, list) else state, version)
+        return self.scheduler.version
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state)
+
+    def engine_nodes(self) -> list[str]:
+        return list(self.engine.nodes)
+
+
+class _LearnerHost:
+    """The learner in an actor; the weights it publishes go to the object store (``weights.remote()``)."""
+
+    def __init__(self, learner_factory: Callable[[], Any], torch_threads: int = 1) -> None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+        self.learner = learner_factory()
+
+    def train(self, batch: Any) -> tuple[dict[str, float], int]:
+        metrics = self.learner.train(batch)
+        return metrics, self.learner.version
+
+    def weights(self) -> dict[str, Any]:
+        return self.learner.weights()
+
+    def version(self) -> int:
+        return self.learner.version
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+
+Coordinator = ray.remote(_CoordinatorHost)
+LearnerWorker = ray.remote(_LearnerHost)
+
+
+def run_steps(coordinator: Any, learner: Any, n_steps: int) -> list[dict[str, float]]:
+    """collect → train → weights into the object store → sync, ``n_steps`` times; returns per-step rows.
+
+    The weights go learner → object store → engine workers; neither this driver nor the coordinator copies them.
+    """
+    rows = []
+    for _ in range(n_steps):
+        batch = coordinator.collect.remote()
+        metrics, version = ray.get(learner.train.remote(batch))
+        weights = learner.weights.remote()
+        ray.get(coordinator.sync.remote([weights], version))
+        stats = ray.get(batch).stats
+        rows.append({**stats, **metrics, "version": float(version)})
+    return rows

@@ -1,0 +1,227 @@
+"""The learner: shaped advantages (Eq 28), the detached-IS loss (Eq 29) with the BKL mask (Eq 12–13).
+
+One ``train(batch)`` is one policy version: advantages come from ``advantages.shape`` over the batch's
+groups (LOO → GEPO → LenReg, on the engine's behaviour logprobs); the trainer re-scores every sampled
+token once with the current weights θ_V and masks tokens whose trainer/engine probabilities disagree
+in binary KL (``policy_loss.bkl_mask_from_logprobs``); then ``n_minibatches`` AdamW steps on
+``policy_loss`` with each token weighted against *its own* behaviour logprob (tokens of one response
+may come from several versions). Reference-free unless ``kl_beta > 0`` (k3 estimator against the
+initial policy). Logprobs use ``rollout.sampling.sampling_logprobs`` — the engine's distribution.
+
+    learner = Learner(model, LearnerConfig(), temperature=1.0); metrics = learner.train(batch)
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posttrain.advantages import ShapingConfig, shape
+from posttrain.policy_loss import BklConfig, ClipConfig, bkl_mask_from_logprobs, policy_loss
+from posttrain.rollout.sampling import sampling_logprobs
+from posttrain.rollout.scheduler import Batch
+from posttrain.rollout.types import Trajectory
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Optimisation of one policy version."""
+
+    lr: float = 1e-3
+    """AdamW learning rate (constant)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    n_minibatches: int = 8
+    """Optimizer steps per version (SPEC §C1: n = 8); the batch's trajectories are split evenly."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 = off)."""
+    clip: ClipConfig = field(default_factory=ClipConfig)
+    """Bounds of the detached importance weight (Eq 11)."""
+    bkl_phi: float = 0.1
+    """BKL mask threshold φ (Eq 13); ≤ 0 switches the mask off."""
+    kl_beta: float = 0.0
+    """KL penalty to the initial policy (k3 estimator); 0 = reference-free (default)."""
+    shaping: ShapingConfig = field(default_factory=ShapingConfig)
+    """Eq 28 advantage pipeline (LenReg on, GEPO off by default: the report gives no thresholds)."""
+    seed: int = 0
+    """Seeds the minibatch order (a pure function of seed and version, so resume is exact)."""
+
+
+@dataclass
+class Packed:
+    """A list of trajectories as right-padded tensors."""
+
+    input_ids: Tensor  # [N, L] prompt + response, padded with 0
+    attention_mask: Tensor  # [N, L]
+    positions: Tensor  # [N, T] index of the logit that predicts response token t
+    tokens: Tensor  # [N, T] response tokens (0 on padding)
+    response_mask: Tensor  # [N, T] bool: real response token with loss_mask 1
+    behaviour: Tensor  # [N, T] behaviour logprobs (0 on padding)
+    versions: Tensor  # [N, T] int64 (-1 on padding)
+    routes: list | None = None
+    """Per row ``Trajectory.routed_experts`` (MoE policies, R3) or None: replayed in the learner's forward."""
+
+    def select(self, idx: Tensor) -> Packed:
+        """The rows ``idx`` (a minibatch)."""
+        tensors = [getattr(self, f)[idx] for f in _TENSOR_FIELDS]
+        routes = None if self.routes is None else [self.routes[i] for i in idx.tolist()]
+        return Packed(*tensors, routes=routes)
+
+
+_TENSOR_FIELDS = ("input_ids", "attention_mask", "positions", "tokens", "response_mask", "behaviour", "versions")
+
+
+def pack(trajs: list[Trajectory]) -> Packed:
+    n = len(trajs)
+    seq = [t.prompt_ids + t.token_ids for t in trajs]
+    L = max(len(s) for s in seq)
+    T = max(max(t.n_tokens for t in trajs), 1)
+    ids = torch.zeros(n, L, dtype=torch.long)
+    att = torch.zeros(n, L, dtype=torch.long)
+    pos = torch.zeros(n, T, dtype=torch.long)
+    tok = torch.zeros(n, T, dtype=torch.long)
+    rmask = torch.zeros(n, T, dtype=torch.bool)
+    beh = torch.zeros(n, T, dtype=torch.float32)
+    ver = torch.full((n, T), -1, dtype=torch.long)
+    for i, (t, s) in enumerate(zip(trajs, seq)):
+        ids[i, : len(s)] = torch.tensor(s)
+        att[i, : len(s)] = 1
+        k, p = t.n_tokens, len(t.prompt_ids)
+        pos[i, :k] = torch.arange(p - 1, p - 1 + k)
+        tok[i, :k] = torch.tensor(t.token_ids)
+        rmask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.bool)
+        beh[i, :k] = torch.tensor(t.logprobs)
+        ver[i, :k] = torch.tensor(t.versions)
+    routes = [t.routed_experts for t in trajs] if any(t.routed_experts for t in trajs) else None
+    return Packed(ids, att, pos, tok, rmask, beh, ver, routes)
+
+
+def token_logprobs(model: torch.nn.Module, p: Packed, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
+    """log π(y_t) of each response token under ``model`` with the engine's sampling transform: ``[N, T]``.
+
+    When the trajectories carry routed experts (an MoE policy sampled with R3 recording), the forward replays
+    the engine's expert choices (``posttrain.r3``; gate weights still from the live router logits)."""
+    if p.routes is not None:
+        from posttrain.r3 import replay_trajectories
+
+        # Right padding: every row's prompt starts at column 0.
+        with replay_trajectories(model, p.routes, p.input_ids.shape[1], [0] * p.input_ids.shape[0]):
+            logits = model(input_ids=p.input_ids, attention_mask=p.attention_mask, use_cache=False).logits
+    else:
+        logits = model(input_ids=p.input_ids, attention_mask=p.attention_mask, use_cache=False).logits
+    idx = p.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    at = logits.gather(1, idx)  # [N, T, V]: the logits that predicted each response token
+    return sampling_logprobs(at, temperature, top_p).gather(-1, p.tokens.unsqueeze(-1)).squeeze(-1)
+
+
+class Learner:
+    """Owns the trainable policy and its optimizer; ``version`` counts completed ``train`` calls."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: LearnerConfig = LearnerConfig(),
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        version: int = 0,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.temperature = temperature
+        self.top_p = top_p
+        self.version = version
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.reference = None
+        if config.kl_beta > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def weights(self) -> dict[str, Tensor]:
+        """The state the engine loads (detached copies, so later steps cannot change it in place)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def logprobs(self, trajs: list[Trajectory]) -> Tensor:
+        """Trainer logprobs of the trajectories' tokens, no grad (tests compare these with the engine's)."""
+        p = pack(trajs)
+        with torch.no_grad():
+            return token_logprobs(self.model.eval(), p, self.temperature, self.top_p)
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        """Shape, mask and take ``n_minibatches`` optimizer steps; ``version`` += 1. Returns metrics."""
+        cfg = self.config
+        if batch.version != self.version:
+            raise ValueError(f"batch collected for version {batch.version}, learner is at {self.version}")
+        groups = batch.groups
+        trajs = [t for g in groups for t in g]
+        p = pack(trajs)
+        B, G, T = len(groups), max(len(g) for g in groups), p.tokens.shape[1]
+        rewards = torch.zeros(B, G)
+        gmask = torch.zeros(B, G, dtype=torch.bool)
+        slot = []
+        for b, g in enumerate(groups):
+            for j, t in enumerate(g):
+                rewards[b, j] = t.reward
+                gmask[b, j] = True
+                slot.append((b, j))
+        bi = torch.tensor([s[0] for s in slot])
+        gj = torch.tensor([s[1] for s in slot])
+        beh3 = torch.zeros(B, G, T)
+        tm3 = torch.zeros(B, G, T, dtype=torch.bool)
+        beh3[bi, gj] = p.behaviour
+        tm3[bi, gj] = p.response_mask
+        shaped = shape(rewards, beh3, tm3, gmask, cfg.shaping)
+        adv = shaped.advantages[bi, gj]  # [N]
+
+        self.model.train()
+        with torch.no_grad():
+            lp_now = token_logprobs(self.model, p, self.temperature, self.top_p)
+            keep = p.response_mask.clone()
+            if cfg.bkl_phi > 0:
+                keep &= bkl_mask_from_logprobs(lp_now, p.behaviour, BklConfig(cfg.bkl_phi))
+            ref = (
+                token_logprobs(self.reference, p, self.temperature, self.top_p) if self.reference is not None else None
+            )
+
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.version)
+        order = torch.randperm(len(trajs), generator=gen)
+        chunks = [c for c in order.chunk(min(cfg.n_minibatches, len(trajs))) if len(c)]
+        losses, clip_fracs, kls = [], [], []
+        for idx in chunks:
+            sub = p.select(idx)
+            lp = token_logprobs(self.model, sub, self.temperature, self.top_p)
+            loss, st = policy_loss(lp, sub.behaviour, adv[idx], sub.response_mask, keep[idx], cfg.clip)
+            if ref is not None:
+                m = keep[idx]
+                d = (ref[idx] - lp).masked_fill(~m, 0.0)
+                k3 = (d.exp() - 1 - d).masked_fill(~m, 0.0).sum() / m.sum().clamp(min=1)
+                loss = loss + cfg.kl_beta * k3
+                kls.append(float(k3.detach()))
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            losses.append(float(loss.detach()))
+            clip_fracs.append(float(st.clip_fraction))
+        self.version += 1
+        self.model.eval()
+        n_resp = int(p.response_mask.sum())
+        return {
+            "loss": sum(losses) / len(losses),
+            "clip_fraction": sum(clip_fracs) / len(clip_fracs),
+            "bkl_masked_fraction": 1.0 - int(keep.sum()) / max(n_resp, 1),
+            "mismatch_abs_mean": float(((lp_now - p.behaviour).abs() * p.response_mask).sum() / max(n_resp, 1)),
+            "group_entropy": float(shaped.entropy.mean()),
+            "kl": sum(kls) / len(kls) if kls else 0.0,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])

@@ -1,0 +1,102 @@
+"""The ``RolloutEngine`` protocol: a step-driven sampler the partial-rollout scheduler drives (SPEC §C1).
+
+Ownership rule: a trajectory is held by exactly one side. ``submit``/``resume`` hand trajectories to
+the engine; ``step`` hands finished ones back; ``pause``/``abort`` hand the unfinished ones back. So the
+scheduler (not the engine) holds paused trajectories and checkpoints them, and an engine never has to
+survive a crash.
+
+Versions: every generated token is stamped with the engine's ``version`` at the moment it was sampled.
+KV is never reused across versions: after ``update_weights`` every resumed trajectory's KV is
+recomputed (re-prefill of prompt + kept tokens) under the new weights; its already generated tokens,
+logprobs and versions are never rewritten.
+
+Implementations: ``engines/hf.py`` (transformers, CPU), ``engines/scripted.py`` (virtual clock, tests),
+``engines/vllm.py`` (GPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from posttrain.rollout.types import Request, Trajectory
+
+
+@dataclass
+class StepOutput:
+    """What one ``step`` did."""
+
+    finished: list[Trajectory] = field(default_factory=list)
+    """Trajectories that finished this step (handed back to the caller; the engine forgets them)."""
+    n_decoded: int = 0
+    """Requests that received a token this step (occupancy = n_decoded / capacity)."""
+    n_prefilled_tokens: int = 0
+    """Prompt/prefix tokens (re)computed this step (prefill of new and resumed requests)."""
+
+
+@runtime_checkable
+class ExpertsRecorder(Protocol):
+    """R3 hook an MoE-aware component installs on an engine (``engine.experts_recorder = rec``).
+
+    The engine calls ``begin()`` right before each model forward and ``end()`` right after it;
+    ``end`` returns the expert ids the routers chose in that forward as a ``[batch, seq, n_layers,
+    top_k]`` integer tensor aligned with the forward's ``input_ids`` (left padding included). The
+    engine appends, per trajectory, the rows of positions it had not recorded before (a re-prefill
+    after a resume recomputes known positions; their recorded routes are kept, not overwritten).
+    """
+
+    def begin(self) -> None: ...
+
+    def end(self) -> Any: ...
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A sampler driven one decode step at a time."""
+
+    @property
+    def version(self) -> int:
+        """Policy version of the weights now loaded; stamped on every token sampled from now on."""
+        ...
+
+    @property
+    def capacity(self) -> int:
+        """Most requests decoded concurrently (the occupancy denominator)."""
+        ...
+
+    @property
+    def n_active(self) -> int:
+        """Requests now held by the engine (running or waiting for a slot)."""
+        ...
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Queue new requests. They start (prefill + first token) at a later ``step``, FIFO, as slots free."""
+        ...
+
+    def step(self) -> StepOutput:
+        """One batched decode step: every running request gets exactly one new token (new and resumed
+        ones are prefilled first, their first token sampled from the prefill). Finished trajectories
+        are returned and released; the others stay in the engine."""
+        ...
+
+    def pause(self) -> list[Trajectory]:
+        """Stop decoding and hand back every unfinished trajectory (running or queued), with all tokens,
+        logprobs, versions and routed experts so far; nothing is discarded. KV is dropped. The engine
+        is empty afterwards and may take a weight update."""
+        ...
+
+    def resume(self, trajectories: Sequence[Trajectory]) -> None:
+        """Take back paused trajectories. Their KV is recomputed from prompt + kept tokens with the
+        current weights at their next step; sampling continues at position ``n_tokens`` with that
+        position's own seeded generator, so the kept prefix is bit-identical."""
+        ...
+
+    def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
+        """Remove the given requests and hand them back with ``finish_reason = "abort"`` (tokens kept)."""
+        ...
+
+    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
+        """Load new policy weights (a full or partial state dict) and set ``version``. Must be called
+        while no request is running (after ``pause``); raises otherwise. No KV survives it."""
+        ...

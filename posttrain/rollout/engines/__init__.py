@@ -1,0 +1,1 @@
+"""``RolloutEngine`` implementations: ``hf`` (transformers, CPU), ``scripted`` (tests), ``vllm`` (GPU, lazy)."""

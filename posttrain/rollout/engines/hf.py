@@ -1,0 +1,257 @@
+"""A step-driven rollout engine on Hugging Face ``transformers`` (the CPU engine; SPEC §C1).
+
+Each request keeps its own KV cache (per layer ``[1, H_kv, L, D]``). A step left-pads the running
+requests' caches into one batch, feeds every request its last token in one forward (attention mask
+hides the padding, ``position_ids`` are each request's true positions), samples one token per request
+with that position's own seeded generator, and cuts each row's cache back out. New and resumed
+requests are prefilled first (prompt + kept tokens, one forward each) and get their next token from
+the prefill's last logits. Pausing drops the KV and hands the trajectories back; resuming re-prefills
+under whatever weights are loaded then, so KV is never reused across versions.
+
+    from posttrain.rollout.engines.hf import HFEngine
+    engine = HFEngine(model, capacity=64); engine.submit(requests); out = engine.step()
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posttrain.rollout.engine import ExpertsRecorder, StepOutput
+from posttrain.rollout.sampling import draw, sampling_logprobs, token_uniform
+from posttrain.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Trajectory
+
+
+@dataclass
+class _Running:
+    traj: Trajectory
+    kv: list[tuple[Tensor, Tensor]] | None = None
+    """Per layer (keys, values) ``[1, H, L, D]`` covering every fed position; None = needs prefill."""
+
+
+class HFEngine:
+    """``RolloutEngine`` over a causal LM (any ``AutoModelForCausalLM`` that takes a ``DynamicCache``)."""
+
+    def __init__(self, model: torch.nn.Module, capacity: int = 64, version: int = 0) -> None:
+        self.model = model.eval()
+        self._capacity = capacity
+        self._version = version
+        self._queue: deque[Trajectory] = deque()
+        self._running: list[_Running] = []
+        self.experts_recorder: ExpertsRecorder | None = None
+        """R3 hook (see ``ExpertsRecorder``); required by requests with ``return_routed_experts``."""
+        self.steps = 0
+        """Decode steps taken (the benchmark's clock)."""
+        self.pad_waste = 1.5
+        """Length bucketing of a decode step: padded KV ≤ pad_waste × real KV + pad_slack per bucket."""
+        self.pad_slack = 512
+
+    # -- protocol properties -------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def n_active(self) -> int:
+        return len(self._queue) + len(self._running)
+
+    # -- protocol methods -----------------------------------------------------------------------------
+    def submit(self, requests: Sequence[Request]) -> None:
+        for r in requests:
+            rec = [] if r.params.return_routed_experts else None
+            self._queue.append(Trajectory(request=r, routed_experts=rec))
+
+    def resume(self, trajectories: Sequence[Trajectory]) -> None:
+        for t in trajectories:
+            if t.finished:
+                raise ValueError(f"{t.request_id} is finished; only paused trajectories resume")
+            self._queue.append(t)
+
+    def pause(self) -> list[Trajectory]:
+        out = [r.traj for r in self._running] + list(self._queue)
+        self._running, self._queue = [], deque()
+        return out
+
+    def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
+        ids = set(request_ids)
+        out = [r.traj for r in self._running if r.traj.request_id in ids]
+        out += [t for t in self._queue if t.request_id in ids]
+        self._running = [r for r in self._running if r.traj.request_id not in ids]
+        self._queue = deque(t for t in self._queue if t.request_id not in ids)
+        for t in out:
+            t.finish_reason = FINISH_ABORT
+        return out
+
+    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
+        if self._running or self._queue:
+            raise RuntimeError("update_weights while requests are held: pause() first")
+        if state:
+            result = self.model.load_state_dict(dict(state), strict=False)
+            if result.unexpected_keys:
+                raise KeyError(f"unknown parameters in weight update: {result.unexpected_keys[:5]}")
+        self._version = int(version)
+
+    @torch.no_grad()
+    def step(self) -> StepOutput:
+        out = StepOutput()
+        while self._queue and len(self._running) < self._capacity:
+            self._running.append(_Running(self._queue.popleft()))
+        if not self._running:
+            return out
+        fresh = [r for r in self._running if r.kv is None]
+        warm = [r for r in self._running if r.kv is not None]
+        rows: list[tuple[_Running, Tensor]] = []
+        # Prefill new and resumed requests (every fed position), batched by similar length with left padding.
+        for bucket in self._buckets(fresh, lambda r: len(r.traj.prompt_ids) + r.traj.n_tokens):
+            rows += self._prefill(bucket)
+            out.n_prefilled_tokens += sum(len(r.traj.prompt_ids) + r.traj.n_tokens for r in bucket)
+        for bucket in self._buckets(warm):
+            rows += self._decode(bucket)
+        self._sample(rows)
+        self.steps += 1
+        out.n_decoded = len(self._running)
+        keep = []
+        for r in self._running:
+            if r.traj.finished:
+                out.finished.append(r.traj)
+            else:
+                keep.append(r)
+        self._running = keep
+        return out
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _forward(
+        self, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: list[tuple[Tensor, Tensor]] | None
+    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]], Tensor | None]:
+        from transformers import DynamicCache
+
+        cache = (
+            DynamicCache(ddp_cache_data=kv, config=self.model.config) if kv else DynamicCache(config=self.model.config)
+        )
+        rec = self.experts_recorder
+        if rec is not None:
+            rec.begin()
+        o = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        experts = rec.end() if rec is not None else None
+        new = [(layer.keys, layer.values) for layer in o.cache.layers]
+        return o.logits, new, experts
+
+    def _buckets(self, warm: list[_Running], length=None) -> list[list[_Running]]:  # noqa: ANN001
+        """Split the decode batch by KV length so one long request does not pad every row to its length:
+        rows sorted by length, a new bucket whenever padding would exceed ``pad_waste`` × the real KV
+        (plus ``pad_slack`` positions). Long-tailed lengths otherwise make the padded attention/KV copy
+        cost grow with the longest request, not the mean."""
+        buckets: list[list[_Running]] = []
+        cur: list[_Running] = []
+        total = 0
+        length = length or (lambda r: r.kv[0][0].shape[2])
+        for r in sorted(warm, key=length):
+            n = length(r)
+            if cur and (len(cur) + 1) * n > self.pad_waste * (total + n) + self.pad_slack:
+                buckets.append(cur)
+                cur, total = [], 0
+            cur.append(r)
+            total += n
+        if cur:
+            buckets.append(cur)
+        return buckets
+
+    def _prefill(self, fresh: list[_Running]) -> list[tuple[_Running, Tensor]]:
+        seqs = [r.traj.prompt_ids + r.traj.token_ids for r in fresh]
+        lmax = max(len(q) for q in seqs)
+        ids = torch.zeros(len(seqs), lmax, dtype=torch.long)
+        mask = torch.zeros(len(seqs), lmax, dtype=torch.long)
+        for i, q in enumerate(seqs):
+            ids[i, lmax - len(q) :] = torch.tensor(q)
+            mask[i, lmax - len(q) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        one = len(seqs) == 1  # no padding: the plain unmasked forward
+        logits, kv, experts = self._forward(ids, None if one else mask, None if one else pos, None)
+        rows = []
+        for i, (r, q) in enumerate(zip(fresh, seqs)):
+            off = lmax - len(q)
+            r.kv = [(k[i : i + 1, :, off:], v[i : i + 1, :, off:]) for k, v in kv]
+            self._record(r.traj, experts[i : i + 1] if experts is not None else None, 0, len(q), offset=off)
+            rows.append((r, logits[i, -1]))
+        return rows
+
+    def _decode(self, warm: list[_Running]) -> list[tuple[_Running, Tensor]]:
+        lens = [r.kv[0][0].shape[2] for r in warm]
+        lmax = max(lens)
+        n_layers = len(warm[0].kv)
+        kv = []
+        for layer in range(n_layers):
+            ks, vs = [], []
+            for r, n in zip(warm, lens):
+                k, v = r.kv[layer]
+                if n < lmax:
+                    pad = k.new_zeros(k.shape[0], k.shape[1], lmax - n, k.shape[3])
+                    k, v = torch.cat([pad, k], 2), torch.cat([pad, v], 2)
+                ks.append(k)
+                vs.append(v)
+            kv.append((torch.cat(ks), torch.cat(vs)))
+        mask = torch.zeros(len(warm), lmax + 1, dtype=torch.long)
+        for i, n in enumerate(lens):
+            mask[i, lmax - n :] = 1
+        ids = torch.tensor([[r.traj.token_ids[-1]] for r in warm])
+        pos = torch.tensor([[n] for n in lens])
+        logits, new, experts = self._forward(ids, mask, pos, kv)
+        rows = []
+        for i, (r, n) in enumerate(zip(warm, lens)):
+            r.kv = [(k[i : i + 1, :, lmax - n :], v[i : i + 1, :, lmax - n :]) for k, v in new]
+            self._record(r.traj, experts[i : i + 1] if experts is not None else None, n, n + 1)
+            rows.append((r, logits[i, -1]))
+        return rows
+
+    def _record(self, traj: Trajectory, experts: Tensor | None, start: int, stop: int, offset: int = 0) -> None:
+        """Append routes of fed positions [start, stop) not recorded yet (``offset`` = left padding)."""
+        if traj.routed_experts is None:
+            return
+        if experts is None:
+            raise RuntimeError(f"{traj.request_id} asks for routed experts but the engine has no experts_recorder")
+        have = len(traj.routed_experts)
+        for p in range(max(start, have), stop):
+            traj.routed_experts.append(experts[0, p - start + offset].tolist())
+
+    def _sample(self, rows: list[tuple[_Running, Tensor]]) -> None:
+        # One sampling transform per (temperature, top_p) among the rows, one inverse-CDF draw for all of them.
+        by_params: dict[tuple[float, float], list[int]] = {}
+        for i, (r, _) in enumerate(rows):
+            p = r.traj.request.params
+            by_params.setdefault((p.temperature, p.top_p), []).append(i)
+        logits = torch.stack([lg for _, lg in rows])
+        for (temperature, top_p), idx in by_params.items():
+            logp = sampling_logprobs(logits[idx], temperature, top_p)
+            u = torch.tensor(
+                [
+                    token_uniform(
+                        rows[i][0].traj.request.params.seed, rows[i][0].traj.attempt, rows[i][0].traj.n_tokens
+                    )
+                    for i in idx
+                ],
+                dtype=torch.float64,
+            )
+            toks = draw(logp, u)
+            chosen = logp.gather(-1, toks.unsqueeze(-1)).squeeze(-1)
+            for i, tok, lp in zip(idx, toks.tolist(), chosen.tolist()):
+                self._append(rows[i][0].traj, tok, lp)
+
+    def _append(self, t: Trajectory, tok: int, logprob: float) -> None:
+        p = t.request.params
+        t.append(tok, logprob, self._version)
+        if p.forced_length is not None:
+            if t.n_tokens >= p.forced_length:
+                t.finish_reason = FINISH_LENGTH
+        elif not p.ignore_eos and tok in p.stop_token_ids:
+            t.finish_reason = FINISH_STOP
+        elif t.n_tokens >= p.max_new_tokens:
+            t.finish_reason = FINISH_LENGTH

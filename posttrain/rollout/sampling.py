@@ -1,0 +1,50 @@
+"""The sampling distribution, shared by the engine that samples and the learner that re-scores.
+
+Engine and learner call the same ``sampling_logprobs`` on their logits, so a token's behaviour
+logprob (engine) and its trainer logprob (learner) describe the same distribution (temperature and
+top-p applied), and with equal weights agree to float rounding (SPEC §C2–C3).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import Tensor
+
+_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, attempt, position) over 63 bits
+
+
+def sampling_logprobs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
+    """log π of the distribution actually sampled: ``log_softmax(logits / T)``, restricted to the
+    nucleus (smallest set of tokens with mass ≥ top_p) and renormalised; tokens outside get -inf.
+
+    logits ``[..., V]`` (computed in float32 whatever the input dtype).
+    """
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0 (greedy decoding has no logprobs to train on)")
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if top_p >= 1.0:
+        return logp
+    sorted_lp, order = logp.sort(dim=-1, descending=True)
+    mass_before = sorted_lp.exp().cumsum(dim=-1) - sorted_lp.exp()
+    drop_sorted = mass_before >= top_p  # the top token always survives (mass_before = 0)
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+
+
+def token_uniform(seed: int, attempt: int, position: int) -> float:
+    """The uniform number that draws token ``position`` of a request: a pure function of its arguments, so
+    pausing, resuming, batching differently or restarting the process never changes a draw."""
+    mixed = (seed * _MIX + attempt * 1_000_003 + position * 97_531) % (2**63 - 1)
+    return random.Random(mixed).random()
+
+
+def draw(logp: Tensor, uniforms: Tensor) -> Tensor:
+    """Inverse-CDF draws: ``logp`` ``[B, V]`` (float32), ``uniforms`` ``[B]`` in [0, 1) → token ids ``[B]``.
+
+    A token with probability 0 (outside the nucleus) is never drawn: its CDF step has zero width."""
+    cdf = logp.exp().cumsum(dim=-1)
+    u = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]  # scale by the total so float rounding cannot overrun
+    idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    return idx.clamp(max=logp.shape[-1] - 1)

@@ -1,0 +1,373 @@
+"""Partial-rollout scheduling (SPEC §C1) and the synchronous baseline it is measured against.
+
+One learner step's worth of data is collected like this (``PartialRolloutScheduler.collect``):
+
+1. hand the trajectories paused at the last step back to the engine, except those whose oldest token
+   is more than ``max_stale`` versions behind the learner: they restart from scratch (counted, their
+   tokens reported as waste);
+2. keep the engine saturated: submit new prompt groups (``group_size`` samples each) while it has
+   room;
+3. step the engine; score each finished trajectory with the verifier; a group whose samples all
+   finished is *complete*: stale members restart, a group with all-identical rewards is dropped
+   (DAPO) and replaced by the next prompt, the rest join the batch;
+4. once ``batch_target`` groups are complete, **pause**: in-flight trajectories come back with their
+   tokens, logprobs and per-token versions, and wait (held here, checkpointable) while the learner
+   trains; ``sync`` then loads the new weights into the engine with ``version + 1``.
+
+``SyncScheduler`` submits exactly the groups it needs and waits for all of them: nothing is ever
+in flight across a weight sync, so every token is on-policy and the engine idles on the long tail.
+
+    sched = PartialRolloutScheduler(engine, source, reward_fn, SamplingParams(...), SchedulerConfig())
+    batch = sched.collect(); ...train...; sched.sync(state, sched.version + 1)
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from posttrain.rollout.engine import RolloutEngine
+from posttrain.rollout.types import Request, SamplingParams, Trajectory
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt from a task: token ids plus whatever the verifier needs."""
+
+    prompt_id: str
+    prompt_ids: list[int]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class PromptSource(Protocol):
+    """An endless, checkpointable stream of prompts (the data cursor)."""
+
+    def next_prompt(self) -> Prompt: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Partial-rollout knobs (SPEC §C1)."""
+
+    batch_target: int = 8
+    """Complete groups per learner step."""
+    group_size: int = 8
+    """Samples per prompt (the LOO group, G)."""
+    max_stale: int = 3
+    """Discard a trajectory whose oldest token is more than this many versions behind the learner."""
+    partial: bool = True
+    """False: the synchronous baseline (no trajectory crosses a weight sync)."""
+    dapo: bool = True
+    """Drop complete groups whose rewards are all identical and replace them (DAPO dynamic sampling)."""
+    dapo_atol: float = 0.0
+    """Rewards closer than this count as identical."""
+    pin_restarted: bool = True
+    """A trajectory restarted after a stale discard is never discarded again: when it is trained, its tokens
+    more than ``max_stale`` versions old get loss mask 0 (kept as context, counted as ``stale_masked_tokens``).
+    Without this a response longer than ``max_stale`` versions' worth of decoding would restart forever,
+    which biases training toward short answers."""
+    finish_restarted: bool = False
+    """Alternative to pinning: after the batch is complete keep decoding (admitting no new prompts) until
+    every restarted trajectory finished. Trains them fully fresh, at the price of an idle tail (occupancy)."""
+    max_groups_in_flight: int = 0
+    """Partial mode: cap on incomplete groups (0 = as many as the engine has room for)."""
+    max_engine_steps: int = 1_000_000
+    """Safety bound on engine steps per ``collect`` (a task that never finishes raises instead of hanging)."""
+
+
+@dataclass
+class Batch:
+    """Complete groups for one learner step, and what collecting them cost."""
+
+    groups: list[list[Trajectory]]
+    version: int
+    """Learner version that trains on it."""
+    stats: dict[str, float]
+    dropped: list[str] = field(default_factory=list)
+    """Request ids of the complete groups DAPO dropped while collecting it (finished, never trained)."""
+
+
+_TOTAL_KEYS = (
+    "engine_steps",
+    "decoded",
+    "slots",
+    "sampled_tokens",
+    "trained_tokens",
+    "trained_trajectories",
+    "old_version_tokens",
+    "discarded_trajectories",
+    "discarded_tokens",
+    "dapo_dropped_groups",
+    "dapo_dropped_tokens",
+    "groups_submitted",
+    "finished_trajectories",
+    "finished_tokens",
+    "stale_masked_tokens",
+)
+
+
+def _prompt_of(t: Trajectory) -> Prompt:
+    meta = {k: v for k, v in t.request.meta.items() if k != "prompt_id"}
+    return Prompt(t.request.meta.get("prompt_id", t.group_id), list(t.prompt_ids), meta)
+
+
+def _identical(rewards: list[float], atol: float) -> bool:
+    return max(rewards) - min(rewards) <= atol
+
+
+class PartialRolloutScheduler:
+    """Drives a ``RolloutEngine`` for a learner (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        source: PromptSource,
+        reward_fn: Callable[[Trajectory], float],
+        sampling: SamplingParams,
+        config: SchedulerConfig = SchedulerConfig(),
+        seed: int = 0,
+        params_fn: Callable[[Prompt, int, SamplingParams], SamplingParams] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.source = source
+        self.reward_fn = reward_fn
+        self.sampling = sampling
+        self.config = config
+        self.seed = seed
+        self.params_fn = params_fn
+        """Optional per-sample override (prompt, sample index, default params) → params (benchmarks force lengths)."""
+        self.version = engine.version
+        self._next_group = 0
+        self._groups: dict[str, dict[str, Any]] = {}
+        """Incomplete groups: id → {"prompt": Prompt, "done": {request_id: Trajectory}}."""
+        self._paused: list[Trajectory] = []
+        self._restarted: set[str] = set()
+        self._dropped: list[str] = []
+        self._carry: list[list[Trajectory]] = []
+        """Complete groups beyond ``batch_target`` (trained at the next step; batches keep a fixed size)."""
+        """Request ids restarted after a stale discard and not finished yet."""
+        self.totals = dict.fromkeys(_TOTAL_KEYS, 0)
+
+    # -- the cycle ------------------------------------------------------------------------------------
+    def collect(self) -> Batch:
+        """Run the engine until ``batch_target`` groups are complete; pause the rest (kept, not discarded)."""
+        cfg = self.config
+        before = dict(self.totals)
+        self._resume_paused()
+        self._dropped = []
+        ready: list[list[Trajectory]] = []
+        carried, self._carry = self._carry, []
+        for members in carried:  # complete groups left over from the last batch: re-checked for staleness
+            self._complete(members, ready)
+        steps = 0
+        while len(ready) < cfg.batch_target or (cfg.finish_restarted and self._restarted_in_flight()):
+            if len(ready) < cfg.batch_target:  # while only draining restarted ones, admit no new prompts
+                self._fill(len(ready))
+            out = self.engine.step()
+            steps += 1
+            if steps > cfg.max_engine_steps:
+                raise RuntimeError(f"no batch after {cfg.max_engine_steps} engine steps")
+            self.totals["engine_steps"] += 1
+            self.totals["decoded"] += out.n_decoded
+            self.totals["slots"] += self.engine.capacity
+            self.totals["sampled_tokens"] += out.n_decoded
+            for t in out.finished:
+                self._on_finished(t, ready)
+        self._paused = self.engine.pause()
+        ready, self._carry = ready[: cfg.batch_target], ready[cfg.batch_target :]  # fixed batch size
+        if not cfg.partial and self._paused:
+            raise AssertionError("synchronous scheduler left trajectories in flight")
+        stats = self._account(ready, before)
+        return Batch(groups=ready, version=self.version, stats=stats, dropped=self._dropped)
+
+    def sync(self, state: dict[str, Any], version: int) -> None:
+        """Load the learner's new weights into the (paused, empty) engine; later tokens carry ``version``."""
+        if version <= self.version:
+            raise ValueError(f"version must increase ({self.version} → {version})")
+        self.engine.update_weights(state, version)
+        self.version = version
+
+    @property
+    def paused(self) -> list[Trajectory]:
+        """Trajectories waiting across the current learner step (read-only view for tests/metrics)."""
+        return list(self._paused)
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _lag(self, t: Trajectory) -> int:
+        oldest = t.oldest_version()
+        return 0 if oldest is None else self.version - oldest
+
+    def _stale(self, t: Trajectory) -> bool:
+        """Discard (restart) it? Pinned restarted trajectories are masked at train time instead."""
+        if self.config.pin_restarted and t.attempt > 0:
+            return False
+        return self._lag(t) > self.config.max_stale
+
+    def _mask_stale_tokens(self, t: Trajectory) -> None:
+        floor = self.version - self.config.max_stale
+        for i, v in enumerate(t.versions):
+            if v >= floor:
+                break
+            if t.loss_mask[i]:
+                t.loss_mask[i] = 0
+                self.totals["stale_masked_tokens"] += 1
+
+    def _restarted_in_flight(self) -> bool:
+        return bool(self._restarted)
+
+    def _discard(self, t: Trajectory) -> None:
+        self.totals["discarded_trajectories"] += 1
+        self.totals["discarded_tokens"] += t.n_tokens
+        t.restart()
+        self._restarted.add(t.request_id)
+
+    def _resume_paused(self) -> None:
+        back = []
+        for t in self._paused:
+            if self._stale(t):
+                self._discard(t)
+            back.append(t)
+        self._paused = []
+        if back:
+            self.engine.resume(back)
+
+    def _fill(self, n_ready: int) -> None:
+        cfg = self.config
+        if cfg.partial:
+            cap = cfg.max_groups_in_flight or 10**9
+            while self.engine.n_active + cfg.group_size <= self.engine.capacity and len(self._groups) < cap:
+                self._submit_group()
+        else:
+            while n_ready + len(self._groups) < cfg.batch_target:
+                self._submit_group()
+
+    def _submit_group(self) -> None:
+        g = self._next_group
+        self._next_group += 1
+        prompt = self.source.next_prompt()
+        gid = f"g{g}"
+        reqs = []
+        for j in range(self.config.group_size):
+            seed = zlib.crc32(f"{self.seed}/{g}/{j}".encode())
+            params = replace(self.sampling, seed=seed)
+            if self.params_fn is not None:
+                params = self.params_fn(prompt, j, params)
+            meta = dict(prompt.meta, prompt_id=prompt.prompt_id)
+            reqs.append(Request(f"{gid}-{j}", list(prompt.prompt_ids), params, group_id=gid, meta=meta))
+        self._groups[gid] = {"prompt": prompt, "done": {}}
+        self.totals["groups_submitted"] += 1
+        self.engine.submit(reqs)
+
+    def _on_finished(self, t: Trajectory, ready: list[list[Trajectory]]) -> None:
+        self._restarted.discard(t.request_id)
+        self.totals["finished_trajectories"] += 1
+        self.totals["finished_tokens"] += t.n_tokens
+        t.reward = float(self.reward_fn(t))
+        group = self._groups[t.group_id]
+        group["done"][t.request_id] = t
+        if len(group["done"]) < self.config.group_size:
+            return
+        members = [group["done"][k] for k in sorted(group["done"], key=lambda k: int(k.rsplit("-", 1)[1]))]
+        del self._groups[t.group_id]
+        self._complete(members, ready)
+
+    def _complete(self, members: list[Trajectory], ready: list[list[Trajectory]]) -> None:
+        """A group whose samples all finished: restart stale members, drop it (DAPO) or add it to the batch."""
+        gid = members[0].group_id
+        stale = [m for m in members if self._stale(m)]
+        if stale:
+            done = {m.request_id: m for m in members if m not in stale}
+            self._groups[gid] = {"prompt": _prompt_of(members[0]), "done": done}
+            for m in stale:
+                self._discard(m)
+            self.engine.resume(stale)
+            return
+        if self.config.dapo and _identical([m.reward for m in members], self.config.dapo_atol):
+            self.totals["dapo_dropped_groups"] += 1
+            self.totals["dapo_dropped_tokens"] += sum(m.n_tokens for m in members)
+            self._dropped += [m.request_id for m in members]
+            return
+        ready.append(members)
+
+    def _account(self, ready: list[list[Trajectory]], before: dict[str, int]) -> dict[str, float]:
+        trajs = [t for g in ready for t in g]
+        for t in trajs:
+            self._mask_stale_tokens(t)
+        trained = sum(sum(t.loss_mask) for t in trajs)  # tokens in the loss (stale-masked ones excluded)
+        old = sum(sum(1 for v, m in zip(t.versions, t.loss_mask) if m and v < self.version) for t in trajs)
+        self.totals["trained_tokens"] += trained
+        self.totals["trained_trajectories"] += len(trajs)
+        self.totals["old_version_tokens"] += old
+        d = {k: self.totals[k] - before[k] for k in _TOTAL_KEYS}
+        lags = [self.version - v for t in trajs for v, m in zip(t.versions, t.loss_mask) if m]
+        return {
+            **{k: float(v) for k, v in d.items()},
+            "occupancy": d["decoded"] / d["slots"] if d["slots"] else float("nan"),
+            "occupancy_cumulative": self.totals["decoded"] / max(self.totals["slots"], 1),
+            "old_version_fraction": old / max(trained, 1),
+            "mean_trained_length": sum(t.n_tokens for t in trajs) / max(len(trajs), 1),
+            "mean_finished_length": d["finished_tokens"] / max(d["finished_trajectories"], 1),
+            "max_lag": float(max(lags, default=0)),
+            "multi_version_trajectories": float(sum(1 for t in trajs if t.versions and t.versions[-1] > t.versions[0])),
+            "in_flight": float(len(self._paused)),
+        }
+
+    # -- checkpoint -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: version, data cursor, paused and waiting trajectories.
+
+        Only valid between ``collect`` and the next ``collect`` (the engine holds nothing then)."""
+        if self.engine.n_active:
+            raise RuntimeError("state_dict while the engine holds requests: call it after collect()")
+        return {
+            "version": self.version,
+            "next_group": self._next_group,
+            "source": self.source.state_dict(),
+            "groups": {
+                gid: {
+                    "prompt": {
+                        "prompt_id": g["prompt"].prompt_id,
+                        "prompt_ids": g["prompt"].prompt_ids,
+                        "meta": g["prompt"].meta,
+                    },
+                    "done": [t.to_dict() for t in g["done"].values()],
+                }
+                for gid, g in self._groups.items()
+            },
+            "paused": [t.to_dict() for t in self._paused],
+            "carry": [[t.to_dict() for t in g] for g in self._carry],
+            "totals": dict(self.totals),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.engine.n_active:
+            raise RuntimeError("load_state_dict needs an empty engine")
+        if self.engine.version != state["version"]:
+            raise ValueError(
+                f"engine has version {self.engine.version}, checkpoint {state['version']}: sync weights first"
+            )
+        self.version = state["version"]
+        self._next_group = state["next_group"]
+        self.source.load_state_dict(state["source"])
+        self._groups = {}
+        for gid, g in state["groups"].items():
+            done = [Trajectory.from_dict(d) for d in g["done"]]
+            self._groups[gid] = {"prompt": Prompt(**g["prompt"]), "done": {t.request_id: t for t in done}}
+        self._paused = [Trajectory.from_dict(d) for d in state["paused"]]
+        self._carry = [[Trajectory.from_dict(d) for d in g] for g in state.get("carry", [])]
+        self._restarted = {t.request_id for t in self._paused if t.attempt > 0 and t.n_tokens == 0}
+        self.totals = dict.fromkeys(_TOTAL_KEYS, 0) | state["totals"]
+
+
+class SyncScheduler(PartialRolloutScheduler):
+    """The synchronous baseline: submit exactly the groups a step needs, wait for all, never pause work."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.config = replace(self.config, partial=False)

@@ -1,0 +1,66 @@
+"""Verifiable tasks: the countdown family, verifiers, the jsonl interface and the data cursor."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from posttrain.rl.task import (
+    JsonlTask,
+    TaskSource,
+    char_tokenizer,
+    countdown_answer,
+    countdown_rows,
+    exact_match,
+    prefix_credit,
+)
+from posttrain.rollout.types import FINISH_LENGTH, FINISH_STOP, Request, Trajectory
+
+
+def test_countdown_answers_are_long_tailed():
+    rows = countdown_rows(2000, seed=1)
+    lengths = Counter(len(r["answer"]) for r in rows)
+    assert countdown_answer(4) == "3210"
+    assert lengths[1] > 0.35 * len(rows)  # most answers are short...
+    assert lengths[9] > 0 and lengths[9] < lengths[1] / 8  # ...a few are 9x longer
+
+
+def test_prefix_credit_and_exact_match():
+    row = {"answer": "3210"}
+    assert prefix_credit("3210", row, stopped=True) == 1.0
+    assert prefix_credit("3210", row, stopped=False) == pytest.approx(4 / 5)  # never stopped: no credit for the end
+    assert prefix_credit("32x", row, stopped=True) == pytest.approx(2 / 5)
+    assert prefix_credit("", row, stopped=True) == 0.0
+    assert exact_match("3210", row, True) == 1.0 and exact_match("3210", row, False) == 0.0
+
+
+def test_char_tokenizer_roundtrip_and_special_ids():
+    tok = char_tokenizer()
+    ids = tok("7:", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 2 and tok.decode(ids) == "7:"
+    assert {tok.pad_token_id, tok.eos_token_id, tok.bos_token_id} == {0, 1, 2}
+
+
+def test_jsonl_task_source_rewards_and_cursor(tmp_path):
+    tok = char_tokenizer()
+    task = JsonlTask(countdown_rows(5), prefix_credit)
+    task.write_jsonl(tmp_path / "t.jsonl")
+    loaded = JsonlTask.from_jsonl(tmp_path / "t.jsonl", exact_match)
+    assert list(loaded.rows) == list(task.rows)
+    src = TaskSource(loaded, tok, seed=3)
+    seen = [src.next_prompt() for _ in range(7)]  # wraps into a second epoch
+    assert {p.prompt_id for p in seen[:5]} == {r["id"] for r in task.rows}
+    state = src.state_dict()
+    nxt = src.next_prompt()
+    src2 = TaskSource(loaded, tok)
+    src2.load_state_dict(state)
+    assert src2.next_prompt() == nxt
+    p = seen[0]
+    row = next(r for r in task.rows if r["id"] == p.prompt_id)
+    answer_ids = tok(row["answer"], add_special_tokens=False)["input_ids"]
+    t = Trajectory(Request("x", p.prompt_ids, meta=dict(p.meta)))
+    t.token_ids, t.finish_reason = answer_ids + [tok.eos_token_id], FINISH_STOP
+    assert src.reward(t) == 1.0
+    t.token_ids, t.finish_reason = answer_ids, FINISH_LENGTH
+    assert src.reward(t) == 0.0
