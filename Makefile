@@ -28,7 +28,7 @@ system-deps:
 
 # The whole suite, offline. HF_HUB_OFFLINE proves no test loads weights from a hub.
 test:
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -p no:cacheprovider
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -p no:cacheprovider --durations=15
 
 test-fast:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -m "not slow and not integration"
