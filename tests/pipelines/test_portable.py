@@ -39,7 +39,7 @@ def _env() -> dict[str, str]:
 
 def _build(pdfs: Path, out: Path, tokenizer: str, *beam: str) -> dict:
     args = ["build", str(pdfs), "--out", str(out), "--tokenizer", tokenizer, "--backend", "pymupdf"]
-    args += ["--max-tokens", "512", "--overlap", "32", "--no-progress", *beam]
+    args += ["--max-tokens", "512", "--overlap", "32", "--no-progress", "--max-error-rate", "1", *beam]
     proc = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", *args], cwd=ROOT, env=_env(), capture_output=True, timeout=600
     )
