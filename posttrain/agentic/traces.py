@@ -217,8 +217,19 @@ class TraceStore:
                     self._insert(hit)
                 ctx_node = hit.id
             text, ids, lps, vers, experts = response
-            resp = Node(0, tree, ctx_node, RESPONSE, text, list(ids), list(lps), list(vers), experts, session=session)
-            self._insert(resp)
+            resp = next(  # an identical sample (same ids, same versions) after the same context is one node
+                (
+                    c
+                    for c in self.children(tree, ctx_node)
+                    if c.kind == RESPONSE and c.token_ids == list(ids) and c.versions == list(vers)
+                ),
+                None,
+            )
+            if resp is None:
+                resp = Node(
+                    0, tree, ctx_node, RESPONSE, text, list(ids), list(lps), list(vers), experts, session=session
+                )
+                self._insert(resp)
             seq = len(self.calls)
             meta = dict(meta or {})
             c = dict(
