@@ -290,3 +290,38 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+class ServerThread:
+    """uvicorn on 127.0.0.1 and a free port, in a daemon thread (tests, benchmarks, in-process harnesses).
+
+    with ServerThread(build_app(gw)) as url: ...   # url = "http://127.0.0.1:PORT"
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1") -> None:
+        import socket
+        import threading
+
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        self.url = f"http://{host}:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("gateway server did not start")
+            time.sleep(0.02)
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

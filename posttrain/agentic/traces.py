@@ -308,7 +308,7 @@ class TraceStore:
             k: [] for k in ("token_ids", "loss_mask", "labels", "logprobs", "versions", "segment_ids")
         }
         spans, calls, v, k = [], [], 0, 0
-        by_resp = {c["response_node"]: cid for cid, c in self.calls.items()}
+        by_resp = {self.calls[cid]["response_node"]: cid for cid in self.session_calls[session]}
         for n in self.path(last["response_node"]):
             start = len(out["token_ids"])
             out["token_ids"] += n.token_ids
