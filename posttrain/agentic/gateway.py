@@ -225,19 +225,21 @@ def build_app(gateway: Gateway):
         if conv.stream:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return stream(chat_events(g, conv.model, usage))
-        return chat_response(g, conv.model)
+        return JSONResponse(chat_response(g, conv.model))
 
     async def responses(req: HttpRequest, sid: str | None = None):
         g, conv, _, err = await run(req, sid, parse_responses, "responses")
         if err is not None:
             return err
-        return stream(responses_events(g, conv.model)) if conv.stream else responses_response(g, conv.model)
+        return (
+            stream(responses_events(g, conv.model)) if conv.stream else JSONResponse(responses_response(g, conv.model))
+        )
 
     async def messages(req: HttpRequest, sid: str | None = None):
         g, conv, _, err = await run(req, sid, parse_messages, "messages")
         if err is not None:
             return err
-        return stream(messages_events(g, conv.model)) if conv.stream else messages_response(g, conv.model)
+        return stream(messages_events(g, conv.model)) if conv.stream else JSONResponse(messages_response(g, conv.model))
 
     async def count_tokens(req: HttpRequest, sid: str | None = None):
         return {"input_tokens": gateway.count_tokens(parse_messages(await req.json(), default_max))}
