@@ -51,6 +51,8 @@ class GatewayConfig:
     """SQLite file of the trace store (None = in memory)."""
     seed: int = 0
     """Base of the per-call sampling seed (a pure function of session and call index)."""
+    return_routed_experts: bool = False
+    """Ask the engine for MoE routes (R3; the engine needs an experts recorder) and store them per call."""
 
 
 class EngineDriver:
@@ -145,6 +147,7 @@ class Gateway:
             top_p=conv.top_p,
             seed=seed,
             stop_token_ids=self.stop_ids,
+            return_routed_experts=self.config.return_routed_experts,
         )
         traj = await self.driver.generate(Request(rid, input_ids, params, group_id=session))
         out_ids = list(traj.token_ids)

@@ -317,3 +317,27 @@ def test_real_tiny_engine_all_protocols(tok):
         assert store.call_output_ids(cid) == traj.token_ids
         assert store.nodes[store.calls[cid]["response_node"]].logprobs == traj.logprobs
         assert 1 <= len(traj.token_ids) <= 8
+
+
+def test_routed_experts_of_a_moe_engine_are_stored(tok):
+    """R3: a tiny Qwen2-MoE behind the gateway; the store keeps the routes the engine recorded, per position."""
+    from posttrain.r3 import EngineRoutingRecorder
+    from posttrain.rollout.engines.hf import HFEngine
+    from posttrain.tiny_moe import build_tiny_moe_lm
+
+    model = build_tiny_moe_lm(vocab_size=1024)
+    engine = HFEngine(model, capacity=4)
+    engine.experts_recorder = EngineRoutingRecorder(model)
+    gw = Gateway(engine, tok, GatewayConfig(default_max_tokens=6, return_routed_experts=True))
+    oa, _ = clients(gw, "moe")
+
+    async def go():
+        await oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=6)
+
+    run(go())
+    (cid,) = gw.store.session_calls["moe"]
+    traj = gw.driver.finished[gw.store.calls[cid]["meta"]["request_id"]]
+    stored = gw.store.nodes[gw.store.calls[cid]["response_node"]].experts
+    assert stored == traj.routed_experts
+    assert len(stored) == len(traj.prompt_ids) + len(traj.token_ids) - 1  # every position fed to the model
+    assert len(stored[0]) == 2 and len(stored[0][0]) == 2  # [layers][top_k]
