@@ -341,3 +341,21 @@ def test_routed_experts_of_a_moe_engine_are_stored(tok):
     assert stored == traj.routed_experts
     assert len(stored) == len(traj.prompt_ids) + len(traj.token_ids) - 1  # every position fed to the model
     assert len(stored[0]) == 2 and len(stored[0][0]) == 2  # [layers][top_k]
+
+
+def test_serve_a_saved_tiny_model_dir(tmp_path):
+    """``load_model_gateway(DIR)`` (what ``serve_gateway`` runs) on the dir ``write_tiny_agentic`` writes:
+    the saved tokenizer keeps its chat template and tool tokens; one real HTTP call through uvicorn."""
+    from posttrain.agentic.gateway import ServerThread, load_model_gateway
+    from posttrain.agentic.tiny import write_tiny_agentic
+
+    d = write_tiny_agentic(tmp_path / "tiny")
+    gw = load_model_gateway(str(d))
+    assert gw.tokenizer.convert_tokens_to_ids("<tool_call>") == build_tokenizer().convert_tokens_to_ids("<tool_call>")
+    with ServerThread(build_app(gw)) as url:
+        r = openai.OpenAI(base_url=url + "/v1", api_key="dir").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+    (cid,) = gw.store.session_calls["dir"]
+    assert r.usage.completion_tokens == len(gw.store.call_output_ids(cid)) <= 4
+    assert r.usage.prompt_tokens == len(gw.store.call_input_ids(cid))
