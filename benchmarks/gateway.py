@@ -5,8 +5,8 @@ Engine: ``ScriptedTokenEngine`` emitting ``--reply-tokens`` tokens with ``--step
 
 - direct: ``EngineDriver.generate(Request(prompt_ids))`` from ``--sessions`` concurrent asyncio tasks
   (the same driver the gateway uses: submit + step until finished; no HTTP, no template, no store).
-- gateway: the same number of concurrent sessions, each an ``openai.AsyncOpenAI`` client in a separate
-  client process (as a harness is) over real HTTP to uvicorn on 127.0.0.1 (a thread of this process), multi-turn conversations (``--turns`` calls each; every
+- gateway: the same number of concurrent sessions, each an ``openai.AsyncOpenAI`` client, in
+  ``--client-procs`` client processes (harnesses are separate processes) over real HTTP to uvicorn on 127.0.0.1 (a thread of this process), multi-turn conversations (``--turns`` calls each; every
   reply goes back into the history), so each call pays SDK + HTTP + template rendering + prefix match +
   delta tokenisation + capture + SQLite write + protocol envelope.
 
@@ -76,7 +76,7 @@ async def direct(args, tok) -> list[float]:
     return lat
 
 
-def _client_process(url: str, sessions: int, turns: int, conn) -> None:
+def _client_process(url: str, sessions: list[int], turns: int, conn) -> None:
     """The harness side, in its own process (as real harnesses are): concurrent SDK sessions, latencies out."""
     import httpx
     import openai
@@ -96,7 +96,7 @@ def _client_process(url: str, sessions: int, turns: int, conn) -> None:
         await client.close()
 
     async def main() -> None:
-        await asyncio.gather(*(session(k) for k in range(sessions)))
+        await asyncio.gather(*(session(k) for k in sessions))
 
     asyncio.run(main())
     conn.send(lat)
@@ -111,11 +111,17 @@ def through_gateway(args, tok, trace_path: Path) -> tuple[list[float], Gateway]:
     gw = Gateway(engine, tok, GatewayConfig(trace_path=str(trace_path), default_max_tokens=64))
     ctx = mp.get_context("spawn")
     with ServerThread(build_app(gw)) as url:
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_client_process, args=(url, args.sessions, args.turns, send))
-        proc.start()
-        lat = recv.recv()
-        proc.join()
+        procs, pipes = [], []
+        for c in range(args.client_procs):
+            recv, send = ctx.Pipe(duplex=False)
+            mine = list(range(c, args.sessions, args.client_procs))
+            procs.append(ctx.Process(target=_client_process, args=(url, mine, args.turns, send)))
+            pipes.append(recv)
+        for proc in procs:
+            proc.start()
+        lat = [x for recv in pipes for x in recv.recv()]
+        for proc in procs:
+            proc.join()
     return lat, gw
 
 
@@ -126,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reply-tokens", type=int, default=10)
     p.add_argument("--step-ms", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--client-procs", type=int, default=4, help="harness processes the sessions are spread over (1 = all in one)"
+    )
     a = p.parse_args(argv)
     tok = build_tokenizer()
     rows = []
