@@ -10,15 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 
+import anthropic  # posttrain extra: a missing SDK must fail, not skip
 import httpx
+import openai
 import pytest
 
-anthropic = pytest.importorskip("anthropic")
-openai = pytest.importorskip("openai")
-
-from posttrain.agentic.gateway import Gateway, GatewayConfig, build_app  # noqa: E402
-from posttrain.agentic.scripted import ScriptedTokenEngine  # noqa: E402
-from posttrain.agentic.tiny import build_tokenizer  # noqa: E402
+from posttrain.agentic.gateway import Gateway, GatewayConfig, build_app
+from posttrain.agentic.scripted import ScriptedTokenEngine
+from posttrain.agentic.tiny import build_tokenizer
 
 TOOLS_OPENAI = [
     {
@@ -78,7 +77,7 @@ def clients(gw, sid):
         http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw"),
     )
     # anthropic >= 2.x ships its own httpx fork (httpx2); older releases use httpx
-    hx = pytest.importorskip("httpx2") if anthropic.__version__.split(".")[0] >= "2" else httpx
+    hx = __import__("httpx2") if anthropic.__version__.split(".")[0] >= "2" else httpx
     an = anthropic.AsyncAnthropic(
         base_url="http://gw",
         api_key=sid,

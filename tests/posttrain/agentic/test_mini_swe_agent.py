@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import yaml
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch its cost map
 os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
-minisweagent = pytest.importorskip("minisweagent")
+import minisweagent  # noqa: E402,F401  (dev extra: a missing harness must fail, not skip)
 
 from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app  # noqa: E402
 from posttrain.agentic.rl import ScriptedAgent, tool_call_text  # noqa: E402
