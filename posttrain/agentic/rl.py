@@ -193,7 +193,12 @@ class AgenticConfig:
 
 
 def debug() -> AgenticConfig:
+    """Tiny: 2 tasks × 4 scripted sessions, 2 learner steps (what the tests run)."""
     return AgenticConfig()
+
+
+RECIPES = {"debug": debug}
+"""Named configs for ``scifolio posttrain agentic --config NAME``."""
 
 
 def run_agentic(config: AgenticConfig, out: str | Path) -> dict[str, Any]:

@@ -140,3 +140,23 @@ def test_tiny_agentic_rl_run(tmp_path):
         assert x["kept"] > 0 and torch.isfinite(torch.tensor(x["loss"]))
     assert m["stored_tokens"] < m["flat_tokens"]
     assert (out / "traces.sqlite").exists()
+
+
+def test_turn_limit_is_annotated_and_context_limit_is_an_error(served, task, tmp_path):
+    gw, agent, url, tok = served
+    agent.assign("lim:0", [tool_call_text("read_file", {"path": "calc.py"})] * 5)
+    run = SimpleHarness(url + "/v1", "lim:0", max_turns=2).run(task.objective, task.setup(tmp_path))
+    assert run.stopped_by == "max_turns" and run.turns == 2
+    steps = session_steps(gw.store, "lim:0", run, TOOLS)
+    assert [s.hit_limit for s in steps] == [False, True]
+    assert annotate(steps, TOOLS) == [1.0, -0.5]
+    # a prompt beyond max_context is refused as the protocol's own error, and nothing is recorded
+    import openai
+
+    small = Gateway(ScriptedTokenEngine(agent), tok, GatewayConfig(max_context=8))
+    with ServerThread(build_app(small)) as url2:
+        with pytest.raises(openai.BadRequestError, match="context_length_exceeded|max_context"):
+            openai.OpenAI(base_url=url2 + "/v1", api_key="big", max_retries=0).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "a long objective " * 10}]
+            )
+    assert "big" not in small.store.session_calls
