@@ -1,8 +1,8 @@
 """Tiny random causal LMs for offline smoke runs of distillation, described here and written by the
 project's one tiny-model writer (``scifolio models tiny DIR``; ``pipelines.tiny.write_area(DIR, "posttrain")``).
 
-A student and two domain teachers (reasoning, agentic), built from a config with random weights over the
-corpus tokenizer's vocabulary (saved beside each model): nothing is downloaded.
+A student and two domain teachers (reasoning, agentic), built from a config with random weights over a
+tokenizer with a tool-rendering chat template (saved beside each model): nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -42,7 +42,11 @@ def tiny_models(kit: Any) -> dict[str, tuple[str, Callable[[], list[Any]]]]:
     """Student and teachers under ``DIR/posttrain-<name>``."""
 
     def build() -> list[Any]:
-        tok = kit.tokenizer
+        # the agentic tokenizer: byte-level BPE + a chat template that renders tool calls, so the student can be
+        # served by `scifolio posttrain gateway`; teachers share the student's vocabulary (distillation needs it)
+        from posttrain.agentic.tiny import build_tokenizer
+
+        tok = build_tokenizer(1024)
         return [causal_lm(vocab_size=len(tok)), tok]
 
     return {name: (f"posttrain-{name}", build) for name in NAMES}

@@ -6,6 +6,9 @@
     scifolio posttrain rl --config debug --out runs/rl --ray local --engine-workers 2
     scifolio posttrain rl --config small --out runs/rl --set policy.path=/models/qwen --set task.jsonl=train.jsonl
 
+    scifolio posttrain gateway --model tiny/posttrain-student --port 8000   # OpenAI/Anthropic APIs over the engine
+    scifolio posttrain agentic --config debug --out runs/agentic            # harness x task rollouts + learner steps
+
 Writes DIR/metrics.jsonl (one row per step), DIR/tb (TensorBoard), DIR/checkpoint and DIR/policy (HF checkpoint).
 ``--ray`` starts a local Ray (``local``) or joins a cluster (``HOST:PORT``); Ray binds every interface, so run a
 local one inside a loopback-only namespace (``unshare -n``).
@@ -41,6 +44,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rl.add_argument("--no-progress", action="store_true", help="no progress bar")
     rl.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     rl.set_defaults(func=run_rl)
+
+    gw = sub.add_parser(
+        "gateway",
+        help="serve a model as OpenAI Chat Completions, OpenAI Responses and Anthropic Messages, capturing tokens",
+        description="A model service for agent harnesses (session = API key, or /s/SID/v1): every call's exact "
+        "input/output token ids, logprobs and routed experts go to a PrefixTree trace store (SQLite).",
+    )
+    gw.add_argument("--model", required=True, help="Hugging Face name or local path with a tokenizer + chat template")
+    gw.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    gw.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    gw.add_argument("--traces", default=None, help="SQLite trace store path (default: in memory)")
+    gw.set_defaults(func=run_gateway)
+
+    ag = sub.add_parser(
+        "agentic",
+        help="agentic RL: a harness solves coding tasks through the gateway; verified sessions train the policy",
+        description="Rollouts of a harness over sandboxed coding tasks (hidden tests overlaid after the agent "
+        "stops), Eq 30 session credit on the stored token spans, learner steps; traces.sqlite + metrics.jsonl.",
+    )
+    ag.add_argument("--config", default="debug", help="recipe name (posttrain/agentic/rl.py)")
+    ag.add_argument("--out", required=True, help="run directory (traces.sqlite, metrics.jsonl)")
+    ag.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    ag.set_defaults(func=run_agentic_cmd)
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    from posttrain.agentic.gateway import serve_gateway
+
+    return serve_gateway(args.model, args.host, args.port, args.traces)
+
+
+def run_agentic_cmd(args: argparse.Namespace) -> int:
+    from pipelines.cli.options import apply_sets
+    from posttrain.agentic.rl import RECIPES, run_agentic
+
+    if args.config not in RECIPES:
+        print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
+        return 2
+    metrics = run_agentic(apply_sets(RECIPES[args.config](), args.set), args.out)
+    print(json.dumps(metrics, default=str))
+    return 0
 
 
 def _overrides(items: list[str]) -> dict[str, str]:

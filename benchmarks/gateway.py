@@ -1,0 +1,185 @@
+"""Gateway overhead: time per model call through the gateway vs calling the engine directly (issue 13).
+
+Engine: ``ScriptedTokenEngine`` emitting ``--reply-tokens`` tokens with ``--step-ms`` per decode step
+(default 10 × 5 ms ≈ 50 ms per call), batched over every running request like a real engine.
+
+- direct: ``EngineDriver.generate(Request(prompt_ids))`` from ``--sessions`` concurrent asyncio tasks
+  (the same driver the gateway uses: submit + step until finished; no HTTP, no template, no store).
+- gateway: the same number of concurrent sessions, each an ``openai.AsyncOpenAI`` client, in
+  ``--client-procs`` client processes (harnesses are separate processes) over real HTTP to uvicorn on 127.0.0.1 (a thread of this process), multi-turn conversations (``--turns`` calls each; every
+  reply goes back into the history), so each call pays SDK + HTTP + template rendering + prefix match +
+  delta tokenisation + capture + SQLite write + protocol envelope.
+
+Sessions are grouped (``g{k}:{r}``, 8 per group) and the first two replies of a group are identical,
+so the trace store branches: it reports stored tokens and bytes vs a flat log of every call.
+
+    PYTHONPATH=. python benchmarks/gateway.py            # targets: p50 ≤ 1.1×, p99 ≤ 1.5× direct
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+from posttrain.agentic.gateway import EngineDriver, Gateway, GatewayConfig, ServerThread, build_app
+from posttrain.agentic.scripted import ScriptedTokenEngine
+from posttrain.agentic.tiny import build_tokenizer
+from posttrain.rollout.types import Request, SamplingParams
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def make_script(tok, n_tokens: int):
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    words = tok.encode(" the tests pass and the code is fixed now ok", add_special_tokens=False)
+
+    seen: dict[str, int] = {}
+
+    def script(req: Request) -> list[int]:
+        sid = req.group_id
+        turn = seen[sid] = seen.get(sid, -1) + 1
+        r = (sid.split(":") + ["0"])[1]
+        salt = 0 if turn < 2 else zlib.crc32(f"{r}/{turn}".encode()) % 7  # groups share their first 2 replies
+        body = [(words[(i + salt) % len(words)]) for i in range(n_tokens - 1)]
+        return body + [im_end]
+
+    return script, im_end
+
+
+async def direct(args, tok) -> list[float]:
+    script, im_end = make_script(tok, args.reply_tokens)
+    engine = ScriptedTokenEngine(script, capacity=args.sessions, step_delay_s=args.step_ms / 1000)
+    driver = EngineDriver(engine)
+    prompt = tok.encode("<|im_start|>user\nFix the bug please.<|im_end|>\n<|im_start|>assistant\n")
+    lat: list[float] = []
+
+    async def session(k: int) -> None:
+        ids = list(prompt)
+        for t in range(args.turns):
+            req = Request(f"d{k}/{t}", ids, SamplingParams(max_new_tokens=64, stop_token_ids=(im_end,)), f"d{k}")
+            t0 = time.perf_counter()
+            traj = await driver.generate(req)
+            lat.append(time.perf_counter() - t0)
+            ids = ids + traj.token_ids + tok.encode("\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n")
+
+    await asyncio.gather(*(session(k) for k in range(args.sessions)))
+    return lat
+
+
+def _client_process(url: str, sessions: list[int], turns: int, conn) -> None:
+    """The harness side, in its own process (as real harnesses are): concurrent SDK sessions, latencies out."""
+    import httpx
+    import openai
+
+    lat: list[float] = []
+
+    async def session(k: int) -> None:
+        sid = f"g{k // 8}:{k % 8}"
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=sid, max_retries=0, http_client=httpx.AsyncClient())
+        msgs = [{"role": "system", "content": "You fix code."}, {"role": "user", "content": "Fix the bug please."}]
+        await client.models.list()  # connection warm-up, not timed
+        for _ in range(turns):
+            t0 = time.perf_counter()
+            r = await client.chat.completions.create(model="m", messages=msgs)
+            lat.append(time.perf_counter() - t0)
+            msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "ok"}]
+        await client.close()
+
+    async def main() -> None:
+        await asyncio.gather(*(session(k) for k in sessions))
+
+    asyncio.run(main())
+    conn.send(lat)
+    conn.close()
+
+
+def through_gateway(args, tok, trace_path: Path) -> tuple[list[float], Gateway]:
+    import multiprocessing as mp
+
+    script, _ = make_script(tok, args.reply_tokens)
+    engine = ScriptedTokenEngine(script, capacity=args.sessions, step_delay_s=args.step_ms / 1000)
+    gw = Gateway(engine, tok, GatewayConfig(trace_path=str(trace_path), default_max_tokens=64))
+    ctx = mp.get_context("spawn")
+    with ServerThread(build_app(gw)) as url:
+        procs, pipes = [], []
+        for c in range(args.client_procs):
+            recv, send = ctx.Pipe(duplex=False)
+            mine = list(range(c, args.sessions, args.client_procs))
+            procs.append(ctx.Process(target=_client_process, args=(url, mine, args.turns, send)))
+            pipes.append(recv)
+        for proc in procs:
+            proc.start()
+        lat = [x for recv in pipes for x in recv.recv()]
+        for proc in procs:
+            proc.join()
+    return lat, gw
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", type=int, default=32)
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--reply-tokens", type=int, default=10)
+    p.add_argument("--step-ms", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--client-procs", type=int, default=4, help="harness processes the sessions are spread over (1 = all in one)"
+    )
+    a = p.parse_args(argv)
+    tok = build_tokenizer()
+    rows = []
+    for rnd in range(a.rounds):
+        d = asyncio.run(direct(a, tok))
+        with tempfile.TemporaryDirectory() as tmp:
+            g, gw = through_gateway(a, tok, Path(tmp) / "traces.sqlite")
+            store = gw.store
+            store.db.commit()
+            store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db_bytes = sum(os.path.getsize(f) for f in Path(tmp).iterdir())
+            flat = [
+                {"input_ids": store.call_input_ids(c), "output_ids": store.call_output_ids(c), "logprobs": n.logprobs}
+                for c in store.calls
+                for n in [store.nodes[store.calls[c]["response_node"]]]
+            ]
+            flat_bytes = len("\n".join(json.dumps(x) for x in flat).encode())
+            stored, flat_tok = store.stored_tokens(), store.flat_tokens()
+            store.close()
+        row = {
+            "round": rnd,
+            "direct_p50_ms": 1000 * statistics.median(d),
+            "direct_p99_ms": 1000 * pct(d, 0.99),
+            "gateway_p50_ms": 1000 * statistics.median(g),
+            "gateway_p99_ms": 1000 * pct(g, 0.99),
+            "calls": len(g),
+            "stored_tokens": stored,
+            "flat_tokens": flat_tok,
+            "sqlite_bytes": db_bytes,
+            "flat_jsonl_bytes": flat_bytes,
+        }
+        row["p50_ratio"] = row["gateway_p50_ms"] / row["direct_p50_ms"]
+        row["p99_ratio"] = row["gateway_p99_ms"] / row["direct_p99_ms"]
+        rows.append(row)
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    best = min(rows, key=lambda r: r["p50_ratio"])
+    med = sorted(rows, key=lambda r: r["p50_ratio"])[len(rows) // 2]
+    print(
+        f"median round: direct p50 {med['direct_p50_ms']:.1f} ms p99 {med['direct_p99_ms']:.1f} ms | gateway p50 "
+        f"{med['gateway_p50_ms']:.1f} ms p99 {med['gateway_p99_ms']:.1f} ms | ratio p50 {med['p50_ratio']:.3f}x "
+        f"p99 {med['p99_ratio']:.3f}x (best round p50 {best['p50_ratio']:.3f}x) | store {med['stored_tokens']} vs "
+        f"flat {med['flat_tokens']} tokens"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Agentic RL (SPEC §C6–C7): gateway, trace store, harness × task, session credit."""

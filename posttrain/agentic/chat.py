@@ -1,0 +1,136 @@
+"""The gateway's canonical conversation and the one tool-call format it parses.
+
+Every protocol adapter (``protocols.py``) turns its request into a ``Conversation``: OpenAI-chat-like
+messages (``role`` system/user/assistant/tool, ``content`` a string, assistant ``tool_calls`` with
+``arguments`` as a dict) plus tool definitions ``{"type": "function", "function": {name, description,
+parameters}}``. The model's chat template renders that to text (``render``).
+
+Generated text is parsed in the Qwen/Hermes format the tiny template renders (``tiny.py``)::
+
+    TEXT<tool_call>{"name": NAME, "arguments": {...}}</tool_call>...<|im_end|>
+
+``content`` = the text before the first ``<tool_call>``; each block is one call. A block that is not
+valid JSON with a string ``name`` and an object ``arguments`` makes the whole output *malformed*: it is
+returned as plain text (no tool call) and flagged for the process annotator (SPEC §C7).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+@dataclass
+class Conversation:
+    """A protocol-neutral request: what the chat template renders, and how to sample."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stream: bool = False
+    model: str = "scifolio"
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+    @property
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments)
+
+
+@dataclass
+class Generation:
+    """One model call's result, before any protocol envelope."""
+
+    text: str
+    """Assistant text (before the first tool call; stop token removed)."""
+    tool_calls: list[ToolCall]
+    finish: str
+    """"stop" | "length" | "tool_calls"."""
+    prompt_tokens: int
+    completion_tokens: int
+    well_formed: bool = True
+    call_id: str = ""
+    """Trace-store id of this model call."""
+
+
+def call_id(seed: str, i: int) -> str:
+    return "call_" + hashlib.sha1(f"{seed}/{i}".encode()).hexdigest()[:20]
+
+
+def parse_output(text: str, finish_reason: str, seed: str) -> tuple[str, list[ToolCall], bool]:
+    """Split generated text (stop token already removed) into content and tool calls."""
+    first = text.find("<tool_call>")
+    if first < 0:
+        return text, [], "</tool_call>" not in text
+    calls: list[ToolCall] = []
+    for i, m in enumerate(TOOL_BLOCK.finditer(text)):
+        try:
+            obj = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            return text, [], False
+        if not (isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments"), dict)):
+            return text, [], False
+        calls.append(ToolCall(call_id(seed, i), obj["name"], obj["arguments"]))
+    if not calls or finish_reason == "length":
+        return text, [], False
+    return text[:first], calls, True
+
+
+def render(tokenizer: Any, conv: Conversation) -> str:
+    """The chat template's text for the conversation, ending in the assistant generation prompt."""
+    return tokenizer.apply_chat_template(
+        conv.messages, tools=conv.tools or None, tokenize=False, add_generation_prompt=True
+    )
+
+
+def canonical_tool(name: str, description: str | None, parameters: dict | None) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": name}
+    if description:
+        fn["description"] = description
+    fn["parameters"] = parameters or {"type": "object", "properties": {}}
+    return {"type": "function", "function": fn}
+
+
+def assistant_message(content: str, calls: list[tuple[str, str, Any]]) -> dict[str, Any]:
+    """calls: (id, name, arguments as dict or JSON string)."""
+    tool_calls = []
+    for cid, name, args in calls:
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                pass  # rendered as the raw string; the trace store forks if it no longer matches
+        tool_calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": args}})
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return msg
+
+
+def text_of(content: Any) -> str:
+    """Flatten a content field (string or list of text parts/blocks) to a string."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for p in content:
+        if isinstance(p, str):
+            parts.append(p)
+        elif isinstance(p, dict) and "text" in p:
+            parts.append(p["text"])
+        elif isinstance(p, dict) and p.get("type") == "tool_result":
+            parts.append(text_of(p.get("content")))
+    return "".join(parts)

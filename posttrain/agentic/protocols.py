@@ -1,0 +1,368 @@
+"""Protocol adapters: OpenAI Chat Completions, OpenAI Responses, Anthropic Messages.
+
+Each protocol has ``parse_*`` (request JSON → ``Conversation``), ``*_response`` (``Generation`` → the
+non-streaming JSON body) and ``*_events`` (``Generation`` → its SSE stream, as ``(event, data)`` pairs;
+``event`` None = a bare ``data:`` line). Shapes follow the vendors' docs (see
+``shared/research/rl-systems.md`` §3) and are checked by the official SDKs' typed parsers in the tests.
+The stream is produced after generation finishes (as slime does): the deltas are the generated text
+cut into pieces, so a harness sees a normal stream while the engine batches freely.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from posttrain.agentic.chat import Conversation, Generation, assistant_message, canonical_tool, text_of
+
+PIECE = 16
+"""Characters per streamed text/argument delta."""
+
+
+def _pieces(s: str) -> list[str]:
+    return [s[i : i + PIECE] for i in range(0, len(s), PIECE)] or [""]
+
+
+def _id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+# -- OpenAI Chat Completions ---------------------------------------------------------------------------
+def parse_chat(body: dict[str, Any], default_max: int) -> Conversation:
+    msgs = []
+    for m in body.get("messages", []):
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role == "assistant":
+            calls = [
+                (c["id"], c["function"]["name"], c["function"].get("arguments", "")) for c in m.get("tool_calls") or []
+            ]
+            msgs.append(assistant_message(text_of(m.get("content")), calls))
+        elif role == "tool":
+            msgs.append({"role": "tool", "tool_call_id": m.get("tool_call_id"), "content": text_of(m.get("content"))})
+        else:
+            msgs.append({"role": role, "content": text_of(m.get("content"))})
+    tools = [
+        canonical_tool(t["function"]["name"], t["function"].get("description"), t["function"].get("parameters"))
+        for t in body.get("tools") or []
+        if t.get("type") == "function"
+    ]
+    return Conversation(
+        messages=msgs,
+        tools=tools,
+        max_tokens=int(body.get("max_completion_tokens") or body.get("max_tokens") or default_max),
+        temperature=float(body.get("temperature") if body.get("temperature") is not None else 1.0),
+        top_p=float(body.get("top_p") if body.get("top_p") is not None else 1.0),
+        stream=bool(body.get("stream")),
+        model=body.get("model", "scifolio"),
+    )
+
+
+_CHAT_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
+
+
+def chat_response(g: Generation, model: str) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": g.text if (g.text or not g.tool_calls) else None}
+    if g.tool_calls:
+        msg["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+            for c in g.tool_calls
+        ]
+    return {
+        "id": "chatcmpl-" + g.call_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": msg, "finish_reason": _CHAT_FINISH[g.finish], "logprobs": None}],
+        "usage": _chat_usage(g),
+    }
+
+
+def _chat_usage(g: Generation) -> dict[str, int]:
+    return {
+        "prompt_tokens": g.prompt_tokens,
+        "completion_tokens": g.completion_tokens,
+        "total_tokens": g.prompt_tokens + g.completion_tokens,
+    }
+
+
+def chat_events(g: Generation, model: str, include_usage: bool) -> Iterator[tuple[str | None, Any]]:
+    base = {
+        "id": "chatcmpl-" + g.call_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+    yield None, chunk({"role": "assistant", "content": ""})
+    if g.text:
+        for p in _pieces(g.text):
+            yield None, chunk({"content": p})
+    for i, c in enumerate(g.tool_calls):
+        head = {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+        yield None, chunk({"tool_calls": [head]})
+        for p in _pieces(c.arguments_json):
+            yield None, chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]})
+    yield None, chunk({}, _CHAT_FINISH[g.finish])
+    if include_usage:
+        yield None, {**base, "choices": [], "usage": _chat_usage(g)}
+    yield None, "[DONE]"
+
+
+# -- OpenAI Responses ----------------------------------------------------------------------------------
+def parse_responses(body: dict[str, Any], default_max: int) -> Conversation:
+    msgs: list[dict[str, Any]] = []
+    if body.get("instructions"):
+        msgs.append({"role": "system", "content": body["instructions"]})
+    inp = body.get("input", [])
+    if isinstance(inp, str):
+        inp = [{"role": "user", "content": inp}]
+    for item in inp:
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = "system" if item.get("role") == "developer" else item.get("role")
+            if role == "assistant":
+                msgs.append(assistant_message(text_of(item.get("content")), []))
+            else:
+                msgs.append({"role": role, "content": text_of(item.get("content"))})
+        elif kind == "function_call":
+            if not msgs or msgs[-1]["role"] != "assistant":
+                msgs.append(assistant_message("", []))
+            call = assistant_message("", [(item["call_id"], item["name"], item.get("arguments", ""))])["tool_calls"]
+            msgs[-1].setdefault("tool_calls", []).extend(call)
+        elif kind == "function_call_output":
+            msgs.append({"role": "tool", "tool_call_id": item["call_id"], "content": text_of(item.get("output"))})
+        # reasoning items carry no text the template renders; they are dropped
+    tools = [
+        canonical_tool(t["name"], t.get("description"), t.get("parameters"))
+        for t in body.get("tools") or []
+        if t.get("type") == "function"
+    ]
+    return Conversation(
+        messages=msgs,
+        tools=tools,
+        max_tokens=int(body.get("max_output_tokens") or default_max),
+        temperature=float(body.get("temperature") if body.get("temperature") is not None else 1.0),
+        top_p=float(body.get("top_p") if body.get("top_p") is not None else 1.0),
+        stream=bool(body.get("stream")),
+        model=body.get("model", "scifolio"),
+    )
+
+
+def _responses_items(g: Generation) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if g.text or not g.tool_calls:
+        items.append(
+            {
+                "type": "message",
+                "id": "msg_" + g.call_id,
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": g.text, "annotations": [], "logprobs": []}],
+            }
+        )
+    for c in g.tool_calls:
+        items.append(
+            {
+                "type": "function_call",
+                "id": "fc_" + c.id,
+                "call_id": c.id,
+                "name": c.name,
+                "arguments": c.arguments_json,
+                "status": "completed",
+            }
+        )
+    return items
+
+
+def responses_response(g: Generation, model: str, status: str | None = None, output=None) -> dict[str, Any]:
+    done = status is None
+    if status is None:
+        status = "incomplete" if g.finish == "length" else "completed"
+    return {
+        "id": "resp_" + g.call_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": model,
+        "output": _responses_items(g) if output is None else output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "error": None,
+        "usage": {
+            "input_tokens": g.prompt_tokens,
+            "output_tokens": g.completion_tokens,
+            "total_tokens": g.prompt_tokens + g.completion_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
+        if done
+        else None,
+    }
+
+
+def responses_events(g: Generation, model: str) -> Iterator[tuple[str | None, Any]]:
+    seq = 0
+
+    def ev(kind: str, **data: Any) -> tuple[str, dict[str, Any]]:
+        nonlocal seq
+        out = (kind, {"type": kind, "sequence_number": seq, **data})
+        seq += 1
+        return out
+
+    yield ev("response.created", response=responses_response(g, model, "in_progress", []))
+    yield ev("response.in_progress", response=responses_response(g, model, "in_progress", []))
+    for oi, item in enumerate(_responses_items(g)):
+        if item["type"] == "message":
+            yield ev(
+                "response.output_item.added", output_index=oi, item={**item, "status": "in_progress", "content": []}
+            )
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            yield ev("response.content_part.added", item_id=item["id"], output_index=oi, content_index=0, part=part)
+            for p in _pieces(g.text) if g.text else []:
+                yield ev(
+                    "response.output_text.delta",
+                    item_id=item["id"],
+                    output_index=oi,
+                    content_index=0,
+                    delta=p,
+                    logprobs=[],
+                )
+            yield ev(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=oi,
+                content_index=0,
+                text=g.text,
+                logprobs=[],
+            )
+            yield ev(
+                "response.content_part.done",
+                item_id=item["id"],
+                output_index=oi,
+                content_index=0,
+                part=item["content"][0],
+            )
+        else:
+            yield ev(
+                "response.output_item.added", output_index=oi, item={**item, "status": "in_progress", "arguments": ""}
+            )
+            for p in _pieces(item["arguments"]):
+                yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=oi, delta=p)
+            yield ev(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=oi,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
+        yield ev("response.output_item.done", output_index=oi, item=item)
+    final = responses_response(g, model)
+    yield ev("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
+
+
+# -- Anthropic Messages --------------------------------------------------------------------------------
+def parse_messages(body: dict[str, Any], default_max: int) -> Conversation:
+    msgs: list[dict[str, Any]] = []
+    if body.get("system"):
+        msgs.append({"role": "system", "content": text_of(body["system"])})
+    for m in body.get("messages", []):
+        content = m.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else (content or [])
+        if m.get("role") == "assistant":
+            text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+            calls = [(b["id"], b["name"], b.get("input") or {}) for b in blocks if b.get("type") == "tool_use"]
+            msgs.append(assistant_message(text, calls))
+            continue
+        text_parts: list[str] = []
+        for b in blocks:
+            if b.get("type") == "tool_result":
+                out = text_of(b.get("content"))
+                if b.get("is_error"):
+                    out = "Error: " + out
+                msgs.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": out})
+            elif b.get("type") == "text":
+                text_parts.append(b.get("text", ""))
+        if text_parts:
+            msgs.append({"role": "user", "content": "".join(text_parts)})
+    tools = [canonical_tool(t["name"], t.get("description"), t.get("input_schema")) for t in body.get("tools") or []]
+    return Conversation(
+        messages=msgs,
+        tools=tools,
+        max_tokens=int(body.get("max_tokens") or default_max),
+        temperature=float(body.get("temperature") if body.get("temperature") is not None else 1.0),
+        top_p=float(body.get("top_p") if body.get("top_p") is not None else 1.0),
+        stream=bool(body.get("stream")),
+        model=body.get("model", "scifolio"),
+    )
+
+
+_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _blocks(g: Generation) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if g.text or not g.tool_calls:
+        blocks.append({"type": "text", "text": g.text})
+    for c in g.tool_calls:
+        blocks.append({"type": "tool_use", "id": "toolu_" + c.id[5:], "name": c.name, "input": c.arguments})
+    return blocks
+
+
+def messages_response(g: Generation, model: str) -> dict[str, Any]:
+    return {
+        "id": "msg_" + g.call_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": _blocks(g),
+        "stop_reason": _STOP[g.finish],
+        "stop_sequence": None,
+        "usage": {"input_tokens": g.prompt_tokens, "output_tokens": g.completion_tokens},
+    }
+
+
+def messages_events(g: Generation, model: str) -> Iterator[tuple[str | None, Any]]:
+    start = messages_response(g, model)
+    start.update(content=[], stop_reason=None, usage={"input_tokens": g.prompt_tokens, "output_tokens": 0})
+    yield "message_start", {"type": "message_start", "message": start}
+    for i, b in enumerate(_blocks(g)):
+        if b["type"] == "text":
+            yield "content_block_start", {"type": "content_block_start", "index": i, "content_block": {**b, "text": ""}}
+            for p in _pieces(b["text"]) if b["text"] else []:
+                delta = {"type": "text_delta", "text": p}
+                yield "content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}
+        else:
+            yield (
+                "content_block_start",
+                {"type": "content_block_start", "index": i, "content_block": {**b, "input": {}}},
+            )
+            for p in _pieces(json.dumps(b["input"])):
+                delta = {"type": "input_json_delta", "partial_json": p}
+                yield "content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}
+        yield "content_block_stop", {"type": "content_block_stop", "index": i}
+    yield (
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": _STOP[g.finish], "stop_sequence": None},
+            "usage": {"output_tokens": g.completion_tokens},
+        },
+    )
+    yield "message_stop", {"type": "message_stop"}
+
+
+def sse(events: Iterator[tuple[str | None, Any]]) -> Iterator[str]:
+    """Server-sent-event framing: ``event: NAME`` (when named) + one ``data:`` line + a blank line."""
+    for name, data in events:
+        payload = data if isinstance(data, str) else json.dumps(data)
+        yield (f"event: {name}\n" if name else "") + f"data: {payload}\n\n"

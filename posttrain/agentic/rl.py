@@ -1,0 +1,266 @@
+"""Agentic RL: rollouts of a harness over tasks through the gateway, session credit (Eq 30), learner steps.
+
+Per group (one task, ``group_size`` sessions named ``GROUP:ROLLOUT`` so they share one PrefixTree):
+each session runs ``SimpleHarness`` against the gateway; the verifier grades the directory it leaves;
+infrastructure failures are dropped from the group (never a 0 reward). Credit: the group-relative
+(leave-one-out) session advantage A_i goes to every trainable segment of the session's stored path,
+scaled by the deterministic process weight w_{i,k} when A_i > 0 (``posttrain.credit``), on the exact
+token spans the trace store recorded. The learner step is the RL-loop learner's loss (detached IS
+weight, BKL mask; ``policy_loss``) with these per-token advantages: ``Learner.train`` shapes one scalar
+per trajectory, so this module calls the same pieces (``pack``, ``token_logprobs``, ``policy_loss``)
+with a ``[N, T]`` advantage instead.
+
+Run: ``python -c "from posttrain.agentic.rl import run_agentic, debug; print(run_agentic(debug(), '/tmp/ag'))"``
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posttrain.advantages import loo_advantages
+from posttrain.agentic.tasks import INFRA, HarnessRun, SimpleHarness, Task, coding_tasks, verify
+from posttrain.agentic.traces import TraceStore
+from posttrain.credit import Step, annotate, segment_advantages
+from posttrain.policy_loss import BklConfig, bkl_mask_from_logprobs, policy_loss
+from posttrain.rollout.types import Request, Trajectory
+
+
+# -- credit on stored spans ----------------------------------------------------------------------------
+def session_steps(store: TraceStore, session: str, run: HarnessRun | None, tools: set[str]) -> list[Step]:
+    """One annotator ``Step`` per trainable segment of the session's exported path, in order."""
+    ex = store.session_export(session)
+    order = store.session_calls[session]
+    steps = []
+    for cid in ex["calls"]:
+        if store.nodes[store.calls[cid]["response_node"]].skip:
+            continue
+        meta = store.calls[cid]["meta"]
+        j = order.index(cid)
+        calls = meta.get("tool_calls", [])
+        bad = [c for c in calls if c["name"] not in tools]
+        call = (bad or calls or [None])[0]
+        events = run.tool_events[j] if run is not None and j < len(run.tool_events) else []
+        steps.append(
+            Step(
+                well_formed=bool(meta.get("well_formed", True)),
+                tool=None if call is None else call["name"],
+                arguments="" if call is None else json.dumps(call["arguments"], sort_keys=True),
+                call_failed=any(e.failed for e in events),
+                hit_limit=run is not None and run.stopped_by == "max_turns" and j == len(order) - 1,
+            )
+        )
+    return steps
+
+
+def session_credit(
+    store: TraceStore, sessions: list[str], advantages: list[float], weights: list[list[float]]
+) -> list[list[float]]:
+    """Eq 30 per token of each session's exported path (0 on non-trainable tokens)."""
+    exports = [store.session_export(s) for s in sessions]
+    T = max(len(e["token_ids"]) for e in exports)
+    K = max(max((len(w) for w in weights), default=0), 1)
+    seg = torch.full((len(sessions), T), -1, dtype=torch.long)
+    w = torch.zeros(len(sessions), K)
+    for i, (e, wi) in enumerate(zip(exports, weights)):
+        if len(wi) != e["n_segments"]:
+            raise ValueError(f"{sessions[i]}: {len(wi)} weights for {e['n_segments']} trainable segments")
+        seg[i, : len(e["segment_ids"])] = torch.tensor(e["segment_ids"])
+        w[i, : len(wi)] = torch.tensor(wi)
+    out = segment_advantages(torch.tensor(advantages, dtype=torch.float32), w, seg)
+    return [out[i, : len(e["token_ids"])].tolist() for i, e in enumerate(exports)]
+
+
+def to_trajectory(store: TraceStore, session: str, reward: float) -> Trajectory:
+    """The session's path as a learner ``Trajectory``: prompt = tokens before the first response."""
+    ex = store.session_export(session)
+    start = ex["spans"][0][0]
+    req = Request(session, ex["token_ids"][:start], group_id=session.split(":", 1)[0])
+    t = Trajectory(
+        request=req,
+        token_ids=ex["token_ids"][start:],
+        logprobs=ex["logprobs"][start:],
+        versions=ex["versions"][start:],
+        loss_mask=ex["loss_mask"][start:],
+        finish_reason="stop",
+        reward=reward,
+    )
+    t.validate()
+    return t
+
+
+def train_step(learner: Any, trajs: list[Trajectory], token_adv: list[list[float]]) -> dict[str, float]:
+    """One learner version on per-token advantages (aligned with each trajectory's ``token_ids``)."""
+    from posttrain.rl.learner import pack, token_logprobs
+
+    cfg = learner.config
+    p = pack(trajs)
+    adv = torch.zeros_like(p.behaviour)
+    for i, a in enumerate(token_adv):
+        adv[i, : len(a)] = torch.tensor(a)
+    learner.model.train()
+    with torch.no_grad():
+        lp_now = token_logprobs(learner.model, p, learner.temperature, learner.top_p)
+        keep = p.response_mask.clone()
+        if cfg.bkl_phi > 0:
+            keep &= bkl_mask_from_logprobs(lp_now, p.behaviour, BklConfig(cfg.bkl_phi))
+    lp = token_logprobs(learner.model, p, learner.temperature, learner.top_p)
+    loss, st = policy_loss(lp, p.behaviour, adv, p.response_mask, keep, cfg.clip)
+    learner.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(learner.model.parameters(), cfg.grad_clip)
+    learner.optimizer.step()
+    learner.version += 1
+    learner.model.eval()
+    return {"loss": float(loss.detach()), "clip_fraction": float(st.clip_fraction), "kept": float(keep.sum())}
+
+
+# -- a scripted agent policy ---------------------------------------------------------------------------
+def tool_call_text(name: str, arguments: dict[str, Any], text: str = "") -> str:
+    """What the model emits for a tool call in the tiny template's format."""
+    return text + "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+BEHAVIOURS = ("fix", "edit_tests", "break_p2p", "malformed_then_fix")
+
+
+def behaviour_replies(task: Task, behaviour: str) -> list[str]:
+    """The replies a scripted agent gives, turn by turn (each answers the previous tool results)."""
+    ((path, good),) = task.reference_patch.items()
+    test_file = next(iter(task.hidden_tests))
+    if behaviour == "fix":
+        return [
+            tool_call_text("run_tests", {}),
+            tool_call_text("write_file", {"path": path, "content": good}),
+            "Fixed.",
+        ]
+    if behaviour == "edit_tests":
+        trivial = "def test_ok():\n    assert True\n"
+        return [tool_call_text("write_file", {"path": test_file, "content": trivial}), "Tests pass."]
+    if behaviour == "break_p2p":  # the fix, but every other function of the file is deleted
+        fn = task.fail_to_pass[0].split("::test_")[1]
+        kept = "def " + fn + good.split("def " + fn, 1)[1].split("\n\n\n")[0]
+        return [tool_call_text("write_file", {"path": path, "content": kept + "\n"}), "Done."]
+    if behaviour == "malformed_then_fix":
+        return ['<tool_call>{"name": "write_file", oops</tool_call>', *behaviour_replies(task, "fix")[1:]]
+    raise ValueError(behaviour)
+
+
+class ScriptedAgent:
+    """``script`` for ``ScriptedTokenEngine``: session ``GROUP:ROLLOUT`` → its behaviour's next reply."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.replies: dict[str, list[str]] = {}
+
+    def assign(self, session: str, replies: list[str]) -> None:
+        self.replies[session] = list(replies)
+
+    def __call__(self, req: Request) -> list[int]:
+        queue = self.replies.get(req.group_id)
+        text = queue.pop(0) if queue else "I give up."
+        return self.tok.encode(text, add_special_tokens=False) + [self.im_end]
+
+
+# -- the run -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AgenticConfig:
+    """``scifolio posttrain agentic`` (rollouts of a harness over tasks, then learner steps)."""
+
+    steps: int = 2
+    """Learner steps (one group per task per step)."""
+    group_size: int = 4
+    """Sessions per task per step (the group of the leave-one-out baseline)."""
+    n_tasks: int = 2
+    """Tasks of ``coding_tasks()`` used."""
+    max_turns: int = 4
+    """Harness turn limit."""
+    engine: str = "scripted"
+    """"scripted": a scripted agent (``BEHAVIOURS`` round-robin) drives the tool calls; the learner trains
+    the tiny model on those stored spans (off-policy: the behaviour logprobs are the script's).
+    "hf": the tiny model itself samples (on-policy; a random model rarely calls a tool)."""
+    lr: float = 1e-2
+    """Learner AdamW learning rate."""
+    seed: int = 0
+
+
+def debug() -> AgenticConfig:
+    """Tiny: 2 tasks × 4 scripted sessions, 2 learner steps (what the tests run)."""
+    return AgenticConfig()
+
+
+RECIPES = {"debug": debug}
+"""Named configs for ``scifolio posttrain agentic --config NAME``."""
+
+
+def run_agentic(config: AgenticConfig, out: str | Path) -> dict[str, Any]:
+    """What ``scifolio posttrain agentic --config debug --out DIR`` runs. Writes ``traces.sqlite`` and
+    ``metrics.jsonl`` under ``out``; returns the last step's metrics."""
+    from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
+    from posttrain.agentic.scripted import ScriptedTokenEngine
+    from posttrain.agentic.tiny import build_tokenizer
+    from posttrain.rl.learner import Learner, LearnerConfig
+    from posttrain.rollout.engines.hf import HFEngine
+    from posttrain.tiny import build_tiny_causal_lm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer()
+    model = build_tiny_causal_lm(vocab_size=1024, seed=config.seed)
+    learner = Learner(model, LearnerConfig(lr=config.lr, bkl_phi=0.0, seed=config.seed))
+    agent = ScriptedAgent(tok)
+    engine = ScriptedTokenEngine(agent) if config.engine == "scripted" else HFEngine(copy.deepcopy(model), capacity=8)
+    store = TraceStore(out / "traces.sqlite")
+    gw = Gateway(engine, tok, GatewayConfig(default_max_tokens=192, max_context=2048), store=store)
+    tasks = coding_tasks()[: config.n_tasks]
+    tools = {"write_file", "read_file", "run_tests"}
+    metrics: dict[str, Any] = {}
+    with ServerThread(build_app(gw)) as url, (out / "metrics.jsonl").open("a") as log:
+        for step in range(config.steps):
+            trajs, advs, rewards_all, infra = [], [], [], 0
+            for task in tasks:
+                sessions, rewards, weights = [], [], []
+                for r in range(config.group_size):
+                    sid = f"{task.task_id}-v{step}:{r}"
+                    agent.assign(sid, behaviour_replies(task, BEHAVIOURS[(r + step) % len(BEHAVIOURS)]))
+                    with tempfile.TemporaryDirectory() as tmp:
+                        work = task.setup(Path(tmp))
+                        run = SimpleHarness(url + "/v1", sid, max_turns=config.max_turns).run(task.objective, work)
+                        verdict = verify(task, work)
+                    if verdict.status == INFRA or sid not in store.session_calls:
+                        infra += 1
+                        continue
+                    sessions.append(sid)
+                    rewards.append(float(verdict.reward))
+                    weights.append(annotate(session_steps(store, sid, run, tools), tools))
+                if len(sessions) < 2:
+                    continue
+                a = loo_advantages(torch.tensor([rewards]))[0].tolist()
+                advs += [
+                    adv[store.session_export(s)["spans"][0][0] :]
+                    for s, adv in zip(sessions, session_credit(store, sessions, a, weights))
+                ]
+                trajs += [to_trajectory(store, s, rw) for s, rw in zip(sessions, rewards)]
+                rewards_all += rewards
+            m = train_step(learner, trajs, advs) if trajs else {"loss": 0.0}
+            if config.engine == "hf":
+                engine.update_weights(learner.weights(), learner.version)
+            metrics = {"step": step, "reward_mean": sum(rewards_all) / max(len(rewards_all), 1), "infra": infra, **m}
+            metrics["sessions"] = len(trajs)
+            log.write(json.dumps(metrics) + "\n")
+            log.flush()
+    metrics["stored_tokens"] = store.stored_tokens()
+    metrics["flat_tokens"] = store.flat_tokens()
+    return metrics
+
+
+def with_engine(config: AgenticConfig, engine: str) -> AgenticConfig:
+    return replace(config, engine=engine)

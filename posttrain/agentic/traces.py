@@ -1,0 +1,337 @@
+"""The trace store: one incremental PrefixTree per session tree, persisted in SQLite (SPEC §C6).
+
+A node is either a *context* delta (system/user/tool text and template glue the gateway encoded;
+``loss_mask`` 0, labels −100) or an assistant *response* (the engine's output ids, their behaviour
+logprobs, versions and routed experts; ``loss_mask`` 1 unless the step is marked ``skip``: kept in
+context, excluded from the loss). A model call = a path root → … → context delta → response; its
+input ids are the path's ids, recorded exactly as fed to the engine, never re-tokenised.
+
+Trees: the API key ``GROUP:ROLLOUT`` puts the rollouts of one group in one tree (they share the
+header and any common turns, SPEC §C6); a key without ``:`` is its own tree. Longest-prefix matching
+walks the tree by node *text* (each node keeps the text its ids decode to) so a re-rendered history
+reuses the stored ids. If a session's new request does not extend the text of its own previous call
+(the harness re-rendered history differently: edited a message, reformatted tool arguments, or the
+template drops something), the store branches at the longest still-matching node and records a FORK
+with where and why; the old branch stays. Everything is written to SQLite on each call (WAL), so a
+crashed run keeps its traces; ``TraceStore(path)`` reloads them.
+
+    store = TraceStore("traces.sqlite"); store.session_export("g:0")
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONTEXT, RESPONSE = "context", "response"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (id INTEGER PRIMARY KEY, tree TEXT, parent INTEGER, kind TEXT, text TEXT,
+  token_ids TEXT, logprobs TEXT, versions TEXT, experts TEXT, skip INTEGER DEFAULT 0, session TEXT);
+CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, seq INTEGER, session TEXT, tree TEXT, context_node INTEGER,
+  response_node INTEGER, prompt_len INTEGER, output_len INTEGER, finish TEXT, protocol TEXT, meta TEXT);
+CREATE TABLE IF NOT EXISTS forks (id INTEGER PRIMARY KEY, session TEXT, tree TEXT, call_id TEXT, at_node INTEGER,
+  offset INTEGER, stored TEXT, rendered TEXT);
+"""
+
+
+@dataclass
+class Node:
+    id: int
+    tree: str
+    parent: int | None
+    kind: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    experts: Any = None
+    skip: bool = False
+    session: str = ""
+    children: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Match:
+    """Where a rendered prompt meets the tree."""
+
+    node: int | None
+    """Deepest fully matched node (None = the tree's root)."""
+    offset: int
+    """Characters of the rendered text covered by the matched path."""
+    path_ids: list[int]
+    fork: dict[str, Any] | None = None
+    """Set when the session's previous call is not a prefix of this request."""
+
+
+def tree_of(session: str) -> str:
+    return session.split(":", 1)[0]
+
+
+class TraceStore:
+    """In-memory trees mirrored to SQLite (``path`` None = in memory only)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.nodes: dict[int, Node] = {}
+        self.roots: dict[str, list[int]] = {}
+        self.calls: dict[str, dict[str, Any]] = {}
+        self.session_calls: dict[str, list[str]] = {}
+        self.forks: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self.db = sqlite3.connect(str(path) if path else ":memory:", check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a commit survives a crash of this process (the run), not a power cut; no fsync per call
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(_SCHEMA)
+        self._load()
+
+    # -- persistence ---------------------------------------------------------------------------------
+    def _load(self) -> None:
+        for row in self.db.execute(
+            "SELECT id,tree,parent,kind,text,token_ids,logprobs,versions,experts,skip,session FROM nodes ORDER BY id"
+        ):
+            n = Node(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), json.loads(row[6]), json.loads(row[7]))
+            n.experts, n.skip, n.session = json.loads(row[8]), bool(row[9]), row[10]
+            self._attach(n)
+        for row in self.db.execute(
+            "SELECT id,session,tree,context_node,response_node,prompt_len,output_len,finish,protocol,meta "
+            "FROM calls ORDER BY seq"
+        ):
+            keys = ("id", "session", "tree", "context_node", "response_node", "prompt_len", "output_len", "finish")
+            c = dict(zip(keys, row[:8]), protocol=row[8], meta=json.loads(row[9]))
+            self.calls[c["id"]] = c
+            self.session_calls.setdefault(c["session"], []).append(c["id"])
+        for row in self.db.execute("SELECT session,tree,call_id,at_node,offset,stored,rendered FROM forks ORDER BY id"):
+            self.forks.append(dict(zip(("session", "tree", "call_id", "at_node", "offset", "stored", "rendered"), row)))
+
+    def _attach(self, n: Node) -> None:
+        self.nodes[n.id] = n
+        if n.parent is None:
+            self.roots.setdefault(n.tree, []).append(n.id)
+        else:
+            self.nodes[n.parent].children.append(n.id)
+
+    def _insert(self, n: Node) -> None:
+        cur = self.db.execute(
+            "INSERT INTO nodes (tree,parent,kind,text,token_ids,logprobs,versions,experts,skip,session) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (
+                n.tree,
+                n.parent,
+                n.kind,
+                n.text,
+                json.dumps(n.token_ids),
+                json.dumps(n.logprobs),
+                json.dumps(n.versions),
+                json.dumps(n.experts),
+                int(n.skip),
+                n.session,
+            ),
+        )
+        n.id = int(cur.lastrowid)
+        self._attach(n)
+
+    # -- tree walking --------------------------------------------------------------------------------
+    def children(self, tree: str, node: int | None) -> list[Node]:
+        ids = self.roots.get(tree, []) if node is None else self.nodes[node].children
+        return [self.nodes[i] for i in ids]
+
+    def path(self, node: int | None) -> list[Node]:
+        out = []
+        while node is not None:
+            out.append(self.nodes[node])
+            node = self.nodes[node].parent
+        return out[::-1]
+
+    def path_ids(self, node: int | None) -> list[int]:
+        return [t for n in self.path(node) for t in n.token_ids]
+
+    def match_text(self, session: str, text: str) -> Match:
+        """Longest stored path of ``session``'s tree whose text is a prefix of ``text``."""
+        tree = tree_of(session)
+        node, pos = None, 0
+        while True:
+            best = None
+            for c in self.children(tree, node):
+                if c.text and text.startswith(c.text, pos) and (best is None or len(c.text) > len(best.text)):
+                    best = c
+            if best is None:
+                break
+            node, pos = best.id, pos + len(best.text)
+        m = Match(node, pos, self.path_ids(node))
+        prev = self.session_calls.get(session)
+        if prev:
+            last = self.calls[prev[-1]]["response_node"]
+            stored = "".join(n.text for n in self.path(last))
+            if not text.startswith(stored):
+                at = next((i for i, (a, b) in enumerate(zip(stored, text)) if a != b), min(len(stored), len(text)))
+                m.fork = {
+                    "session": session,
+                    "tree": tree,
+                    "at_node": node,
+                    "offset": at,
+                    "stored": stored[at : at + 80],
+                    "rendered": text[at : at + 80],
+                }
+        return m
+
+    def match_tokens(self, tree: str, segments: list[tuple[str, list[int]]]) -> tuple[int | None, int]:
+        """Token-level longest prefix: how many leading (kind, ids) segments already exist; returns (node, k)."""
+        node, k = None, 0
+        for kind, ids in segments:
+            hit = next((c for c in self.children(tree, node) if c.kind == kind and c.token_ids == ids), None)
+            if hit is None:
+                break
+            node, k = hit.id, k + 1
+        return node, k
+
+    # -- writing -------------------------------------------------------------------------------------
+    def record_call(
+        self,
+        call_id: str,
+        session: str,
+        parent: int | None,
+        context: tuple[str, list[int]],
+        response: tuple[str, list[int], list[float], list[int], Any],
+        finish: str,
+        protocol: str = "",
+        meta: dict[str, Any] | None = None,
+        fork: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Write one model call: the context delta after ``parent`` (reused if identical) and the response.
+
+        context: (text, ids) encoded by the gateway; response: (text, ids, logprobs, versions, experts).
+        """
+        tree = tree_of(session)
+        with self._lock:
+            prompt_len = len(self.path_ids(parent)) + len(context[1])
+            ctx_node = parent
+            if context[1]:
+                hit = next(
+                    (c for c in self.children(tree, parent) if c.kind == CONTEXT and c.token_ids == context[1]), None
+                )
+                if hit is None:
+                    hit = Node(0, tree, parent, CONTEXT, context[0], list(context[1]), session=session)
+                    self._insert(hit)
+                ctx_node = hit.id
+            text, ids, lps, vers, experts = response
+            resp = next(  # an identical sample (same ids, same versions) after the same context is one node
+                (
+                    c
+                    for c in self.children(tree, ctx_node)
+                    if c.kind == RESPONSE and c.token_ids == list(ids) and c.versions == list(vers)
+                ),
+                None,
+            )
+            if resp is None:
+                resp = Node(
+                    0, tree, ctx_node, RESPONSE, text, list(ids), list(lps), list(vers), experts, session=session
+                )
+                self._insert(resp)
+            seq = len(self.calls)
+            meta = dict(meta or {})
+            c = dict(
+                id=call_id,
+                session=session,
+                tree=tree,
+                context_node=ctx_node,
+                response_node=resp.id,
+                prompt_len=prompt_len,
+                output_len=len(ids),
+                finish=finish,
+                protocol=protocol,
+                meta=meta,
+            )
+            self.db.execute(
+                "INSERT INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    call_id,
+                    seq,
+                    session,
+                    tree,
+                    ctx_node,
+                    resp.id,
+                    prompt_len,
+                    len(ids),
+                    finish,
+                    protocol,
+                    json.dumps(meta),
+                ),
+            )
+            if fork is not None:
+                fork = {**fork, "call_id": call_id}
+                self.forks.append(fork)
+                self.db.execute(
+                    "INSERT INTO forks (session,tree,call_id,at_node,offset,stored,rendered) VALUES (?,?,?,?,?,?,?)",
+                    tuple(fork[k] for k in ("session", "tree", "call_id", "at_node", "offset", "stored", "rendered")),
+                )
+            self.db.commit()
+            self.calls[call_id] = c
+            self.session_calls.setdefault(session, []).append(call_id)
+            return c
+
+    def mark_skip(self, call_id: str, skip: bool = True) -> None:
+        """Keep the call's response in context but exclude it from the loss."""
+        node = self.nodes[self.calls[call_id]["response_node"]]
+        node.skip = skip
+        self.db.execute("UPDATE nodes SET skip=? WHERE id=?", (int(skip), node.id))
+        self.db.commit()
+
+    # -- reading -------------------------------------------------------------------------------------
+    def call_input_ids(self, call_id: str) -> list[int]:
+        return self.path_ids(self.calls[call_id]["context_node"])
+
+    def call_output_ids(self, call_id: str) -> list[int]:
+        return list(self.nodes[self.calls[call_id]["response_node"]].token_ids)
+
+    def stored_tokens(self, tree: str | None = None) -> int:
+        """Tokens held by the tree(s): every node once."""
+        return sum(len(n.token_ids) for n in self.nodes.values() if tree is None or n.tree == tree)
+
+    def flat_tokens(self, tree: str | None = None) -> int:
+        """Tokens a flat log would hold: each call's full input + output."""
+        return sum(c["prompt_len"] + c["output_len"] for c in self.calls.values() if tree is None or c["tree"] == tree)
+
+    def session_export(self, session: str) -> dict[str, Any]:
+        """The session's final path (its last call) as plain per-token arrays.
+
+        ``token_ids``, ``loss_mask`` (1 on non-skipped response tokens), ``labels`` (id or −100),
+        ``logprobs`` (0 on context), ``versions`` (a context token takes the version of the response
+        before it, 0 at the start), ``segment_ids`` (index k of the trainable response segment, −1
+        elsewhere), ``spans`` (per call on the path: [start, end) of its response tokens), ``calls``.
+        Earlier branches left by a FORK stay in the store but are not part of this export.
+        """
+        last = self.calls[self.session_calls[session][-1]]
+        out: dict[str, list] = {
+            k: [] for k in ("token_ids", "loss_mask", "labels", "logprobs", "versions", "segment_ids")
+        }
+        spans, calls, v, k = [], [], 0, 0
+        by_resp = {self.calls[cid]["response_node"]: cid for cid in self.session_calls[session]}
+        for n in self.path(last["response_node"]):
+            start = len(out["token_ids"])
+            out["token_ids"] += n.token_ids
+            if n.kind == RESPONSE:
+                train = not n.skip
+                out["loss_mask"] += [int(train)] * len(n.token_ids)
+                out["labels"] += list(n.token_ids) if train else [-100] * len(n.token_ids)
+                out["logprobs"] += n.logprobs
+                out["versions"] += n.versions
+                out["segment_ids"] += [k if train else -1] * len(n.token_ids)
+                k += int(train)
+                v = n.versions[-1] if n.versions else v
+                spans.append((start, len(out["token_ids"])))
+                calls.append(by_resp.get(n.id))
+            else:
+                out["loss_mask"] += [0] * len(n.token_ids)
+                out["labels"] += [-100] * len(n.token_ids)
+                out["logprobs"] += [0.0] * len(n.token_ids)
+                out["versions"] += [v] * len(n.token_ids)
+                out["segment_ids"] += [-1] * len(n.token_ids)
+        return {**out, "spans": spans, "calls": calls, "n_segments": k}
+
+    def close(self) -> None:
+        self.db.close()
