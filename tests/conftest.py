@@ -16,6 +16,10 @@ _ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_ROOT / ".cache" / "torch_extensions"))
 os.environ.setdefault("MINERU_HOME", str(_ROOT / ".cache" / "mineru"))
 os.environ.setdefault("SCIFOLIO_NATIVE_CACHE", str(_ROOT / ".cache" / "native"))
+# Ray 2.60 turns token auth on for a local ray.init() (writing ~/.ray/auth_token) and for `ray start` whenever
+# that file exists, but a driver joining a cluster decides on its own: one test's in-process head then locks
+# the next test's `ray start` cluster out. Test clusters live in a loopback-only namespace: say it once.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 @pytest.fixture(scope="session")
