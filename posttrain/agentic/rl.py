@@ -209,7 +209,7 @@ def run_agentic(config: AgenticConfig, out: str | Path) -> dict[str, Any]:
     from posttrain.agentic.tiny import build_tokenizer
     from posttrain.rl.learner import Learner, LearnerConfig
     from posttrain.rollout.engines.hf import HFEngine
-    from posttrain.tiny import build_tiny_causal_lm
+    from posttrain.tiny_lm import build_tiny_causal_lm
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

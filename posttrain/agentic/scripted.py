@@ -16,11 +16,11 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from posttrain.rollout.engine import StepOutput
+from posttrain.rollout.engine import QueuedEngine, StepOutput
 from posttrain.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Trajectory
 
 
-class ScriptedTokenEngine:
+class ScriptedTokenEngine(QueuedEngine):
     def __init__(
         self,
         script: Callable[[Request], list[int]],
@@ -39,18 +39,6 @@ class ScriptedTokenEngine:
         self.prompts: dict[str, list[int]] = {}
         """request id → the prompt ids it was given."""
         self.steps = 0
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def n_active(self) -> int:
-        return len(self._queue) + len(self._running)
 
     def submit(self, requests: Sequence[Request]) -> None:
         for r in requests:

@@ -79,7 +79,7 @@ def build_tokenizer(vocab_size: int = 1024):
 
 def write_tiny_agentic(out_dir: Path, vocab_size: int = 1024, hidden_size: int = 64, seed: int = 0) -> Path:
     """Write a servable tiny model: random 2-layer Qwen2 + this tokenizer (with its chat template)."""
-    from posttrain.tiny import build_tiny_causal_lm
+    from posttrain.tiny_lm import build_tiny_causal_lm
 
     out_dir = Path(out_dir)
     build_tiny_causal_lm(vocab_size, hidden_size, seed).save_pretrained(out_dir)

@@ -100,3 +100,25 @@ class RolloutEngine(Protocol):
         """Load new policy weights (a full or partial state dict) and set ``version``. Must be called
         while no request is running (after ``pause``); raises otherwise. No KV survives it."""
         ...
+
+
+class QueuedEngine:
+    """The bookkeeping every local engine shares: a version, a capacity, a queue of submitted requests and the
+    running ones (subclasses set ``_version``, ``_capacity``, ``_queue`` and ``_running``)."""
+
+    _version: int
+    _capacity: int
+    _queue: Any
+    _running: Any
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def n_active(self) -> int:
+        return len(self._queue) + len(self._running)

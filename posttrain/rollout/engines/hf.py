@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain.rollout.engine import ExpertsRecorder, StepOutput
+from posttrain.rollout.engine import ExpertsRecorder, QueuedEngine, StepOutput
 from posttrain.rollout.sampling import draw, sampling_logprobs, token_uniform
 from posttrain.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Trajectory
 
@@ -34,7 +34,7 @@ class _Running:
     """Per layer (keys, values) ``[1, H, L, D]`` covering every fed position; None = needs prefill."""
 
 
-class HFEngine:
+class HFEngine(QueuedEngine):
     """``RolloutEngine`` over a causal LM (any ``AutoModelForCausalLM`` that takes a ``DynamicCache``)."""
 
     def __init__(self, model: torch.nn.Module, capacity: int = 64, version: int = 0) -> None:
@@ -50,19 +50,6 @@ class HFEngine:
         self.pad_waste = 1.5
         """Length bucketing of a decode step: padded KV ≤ pad_waste × real KV + pad_slack per bucket."""
         self.pad_slack = 512
-
-    # -- protocol properties -------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def n_active(self) -> int:
-        return len(self._queue) + len(self._running)
 
     # -- protocol methods -----------------------------------------------------------------------------
     def submit(self, requests: Sequence[Request]) -> None:

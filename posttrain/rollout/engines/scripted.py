@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from posttrain.rollout.engine import StepOutput
+from posttrain.rollout.engine import QueuedEngine, StepOutput
 from posttrain.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Trajectory
 
 
@@ -34,7 +34,7 @@ def scripted_logprob(position: int, version: int) -> float:
     return -0.1 * (version + 1) - 0.001 * position
 
 
-class ScriptedEngine:
+class ScriptedEngine(QueuedEngine):
     """Virtual-clock engine: ``steps`` counts decode steps, ``decoded`` the slot-steps used."""
 
     def __init__(
@@ -56,18 +56,6 @@ class ScriptedEngine:
         self.resumed: list[str] = []
         """Request ids handed back through ``resume`` (in order)."""
         self.weight_updates: list[int] = []
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def n_active(self) -> int:
-        return len(self._queue) + len(self._running)
 
     def submit(self, requests: Sequence[Request]) -> None:
         self._queue.extend(Trajectory(request=r) for r in requests)
