@@ -4,6 +4,7 @@
     scifolio posttrain rl --config debug --out runs/rl --resume         # continue after a crash / kill -9
     scifolio posttrain rl --config debug --out runs/rl --set steps=10 --set scheduler.partial=false
     scifolio posttrain rl --config debug --out runs/rl --ray local --engine-workers 2
+    scifolio posttrain rl --config debug --out runs/rl --speculative --set speculative.k=4   # draft trained online
     scifolio posttrain rl --config small --out runs/rl --set policy.path=/models/qwen --set task.jsonl=train.jsonl
 
 Writes DIR/metrics.jsonl (one row per step), DIR/tb (TensorBoard), DIR/checkpoint and DIR/policy (HF checkpoint).
@@ -38,6 +39,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     rl.add_argument("--ray", default=None, metavar="local|ADDRESS", help="rollout engines as Ray actors")
     rl.add_argument("--engine-workers", type=int, default=2, help="with --ray: number of engine workers")
+    rl.add_argument(
+        "--speculative",
+        action="store_true",
+        help="speculative rollouts with a draft trained online (= --set speculative.enabled=true; k via speculative.k)",
+    )
     rl.add_argument("--no-progress", action="store_true", help="no progress bar")
     rl.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     rl.set_defaults(func=run_rl)
@@ -59,7 +65,10 @@ def run_rl(args: argparse.Namespace) -> int:
     if args.config not in RECIPES:
         print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
         return 2
-    cfg = with_overrides(RECIPES[args.config](), _overrides(args.set))
+    overrides = _overrides(args.set)
+    if args.speculative:
+        overrides["speculative.enabled"] = "true"
+    cfg = with_overrides(RECIPES[args.config](), overrides)
     if args.print_config:
         print(json.dumps(to_dict(cfg), indent=2))
         return 0

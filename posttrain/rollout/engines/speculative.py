@@ -62,7 +62,9 @@ class SpeculativeConfig:
     draft_steps: int = 4
     """Optimizer steps on the draft per RL iteration (on the states just collected)."""
     draft_scale: float = 0.5
-    """Debug drafts: hidden size and layers of the draft relative to the policy config."""
+    """Debug drafts (no ``draft_path``): hidden size and layers of the draft relative to the tiny policy's."""
+    draft_path: str | None = None
+    """Hugging Face checkpoint of the draft (same tokenizer as the policy); None builds a tiny one."""
 
 
 @dataclass
