@@ -66,9 +66,16 @@ class DraftTrainer:
         ids, mask, wins = self._windows(trajs)
         if not wins:
             return {"draft_loss": float("nan"), "draft_version": self.version}
-        k = self.cfg.k
         with torch.no_grad():
             target = policy(input_ids=ids, attention_mask=mask).logits.float() / temperature
+        return self.fit(ids, mask, wins, target, temperature)
+
+    def fit(
+        self, ids: Tensor, mask: Tensor, wins: list[tuple[int, int, int]], target: Tensor, temperature: float = 1.0
+    ) -> dict[str, Any]:
+        """``draft_steps`` Adam steps of the hybrid loss against precomputed policy logits ``target`` ``[B, L, V]``
+        (already divided by the temperature) at the windows ``(row, first logit index, n)``; bumps ``version``."""
+        k = self.cfg.k
         rows = torch.tensor([w[0] for w in wins])
         pos = torch.tensor([[w[1] + j for j in range(k)] for w in wins]).clamp(max=ids.shape[1] - 1)
         valid = torch.tensor([[j < w[2] for j in range(k)] for w in wins])

@@ -128,6 +128,8 @@ class SpeculativeEngine:
         """Per-request verification rounds."""
         self.proposed = 0
         """Draft tokens proposed over all rounds."""
+        self.reached = 0
+        """Draft tokens that were tested (up to and including the first rejection of each round)."""
         self.accepted = 0
         """Draft tokens accepted over all rounds."""
         self.emitted = 0
@@ -194,8 +196,9 @@ class SpeculativeEngine:
 
     @property
     def acceptance(self) -> float:
-        """Fraction of proposed draft tokens accepted so far."""
-        return self.accepted / max(1, self.proposed)
+        """Per-position acceptance a so far: accepted / tested draft tokens (drafts after a round's first
+        rejection are never tested). With i.i.d. acceptance a round emits (1 − a^{K+1})/(1 − a) tokens."""
+        return self.accepted / max(1, self.reached)
 
     @torch.no_grad()
     def step(self) -> StepOutput:
@@ -296,6 +299,7 @@ class SpeculativeEngine:
             n_acc_all.append(n_acc)
             self.rounds += 1
             self.proposed += kk
+            self.reached += min(n_acc + 1, kk)
             self.accepted += n_acc
             self.emitted += len(toks)
             t = r.traj

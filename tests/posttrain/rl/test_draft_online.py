@@ -55,10 +55,10 @@ def iterate(train: bool, n_it: int = 10) -> tuple[list[float], DraftTrainer, Spe
                 for i, p in enumerate(prompts)
             ]
         )
-        a0, p0, done = eng.accepted, eng.proposed, []
+        a0, p0, done = eng.accepted, eng.reached, []
         while eng.n_active:
             done += eng.step().finished
-        accs.append((eng.accepted - a0) / (eng.proposed - p0))
+        accs.append((eng.accepted - a0) / (eng.reached - p0))  # per-position acceptance
         dt.observe(eng.round_log)
         if train:
             dt.update(done, eng.model)
@@ -70,10 +70,10 @@ def test_online_draft_rises_and_chases_the_policy_frozen_baseline_does_not() -> 
     torch.set_num_threads(1)
     trained, dt, eng = iterate(True)
     frozen, _, _ = iterate(False)
-    assert trained[0] == frozen[0] < 0.25  # the random draft is NOT already accepted
+    assert trained[0] == frozen[0] < 0.3  # the random draft is NOT already accepted
     pre = sum(trained[SHIFT - 2 : SHIFT]) / 2
-    assert pre > trained[0] + 0.25  # rises while the policy is fixed
-    assert max(frozen) < 0.25  # the frozen baseline does not
+    assert pre > trained[0] + 0.3  # rises while the policy is fixed
+    assert max(frozen) < 0.4  # the frozen baseline does not
     assert trained[SHIFT] < pre - 0.08  # the policy moved away from the draft
     assert max(trained[SHIFT + 1 : SHIFT + 5]) >= pre - 0.05  # and the draft caught up within a few iterations
     assert all(t > f for t, f in zip(trained[1:], frozen[1:]))
