@@ -4,10 +4,14 @@
     scifolio posttrain rl --config debug --out runs/rl --resume         # continue after a crash / kill -9
     scifolio posttrain rl --config debug --out runs/rl --set steps=10 --set scheduler.partial=false
     scifolio posttrain rl --config debug --out runs/rl --ray local --engine-workers 2
+    scifolio posttrain rl --config debug --out runs/rl --speculative --set speculative.k=4   # draft trained online
     scifolio posttrain rl --config small --out runs/rl --set policy.path=/models/qwen --set task.jsonl=train.jsonl
+    scifolio posttrain distill --config debug --out runs/opd                  # two-teacher on-policy distillation
 
     scifolio posttrain gateway --model tiny/posttrain-student --port 8000   # OpenAI/Anthropic APIs over the engine
     scifolio posttrain agentic --config debug --out runs/agentic            # harness x task rollouts + learner steps
+    scifolio posttrain distill --config debug --out runs/distill            # two-teacher on-policy distillation
+    scifolio posttrain rl --config debug --out runs/rl --speculative        # rollouts with a draft trained online
 
 Writes DIR/metrics.jsonl (one row per step), DIR/tb (TensorBoard), DIR/checkpoint and DIR/policy (HF checkpoint).
 ``--ray`` starts a local Ray (``local``) or joins a cluster (``HOST:PORT``); Ray binds every interface, so run a
@@ -41,6 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     rl.add_argument("--ray", default=None, metavar="local|ADDRESS", help="rollout engines as Ray actors")
     rl.add_argument("--engine-workers", type=int, default=2, help="with --ray: number of engine workers")
+    rl.add_argument(
+        "--speculative",
+        action="store_true",
+        help="speculative rollouts with a draft trained online (= --set speculative.enabled=true; k via speculative.k)",
+    )
     rl.add_argument("--no-progress", action="store_true", help="no progress bar")
     rl.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     rl.set_defaults(func=run_rl)
@@ -68,6 +77,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ag.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     ag.set_defaults(func=run_agentic_cmd)
 
+    ds = sub.add_parser(
+        "distill",
+        help="two-teacher on-policy distillation (reasoning / agentic teachers, posttrain/rl/distill.py)",
+        description="Student samples on-policy; each query scored by its domain's teacher (sampled-token logprobs "
+        "only); Eq 33 advantage against the batch's proximal student; one metrics row per step.",
+    )
+    ds.add_argument("--config", default="debug", help="recipe name (posttrain/rl/distill.py: debug)")
+    ds.add_argument("--out", required=True, help="run directory (metrics.jsonl, student/)")
+    ds.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    ds.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    ds.add_argument("--no-progress", action="store_true", help="do not print each row")
+    ds.set_defaults(func=run_distill)
+
 
 def run_gateway(args: argparse.Namespace) -> int:
     from posttrain.agentic.gateway import serve_gateway
@@ -87,6 +109,26 @@ def run_agentic_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_distill(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from posttrain.rl.distill import RECIPES, run
+    from posttrain.rl.recipes import with_overrides
+
+    if args.config not in RECIPES:
+        print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
+        return 2
+    cfg = with_overrides(RECIPES[args.config](), _overrides(args.set))
+    if args.print_config:
+        print(json.dumps(dataclasses.asdict(cfg), indent=2))
+        return 0
+    rows = run(cfg, args.out, progress=not args.no_progress)
+    last = rows[-1]
+    kl = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k.startswith("rkl_"))
+    print(f"step {last['step']}: {kl}; student at {args.out}/student")
+    return 0
+
+
 def _overrides(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
@@ -103,7 +145,10 @@ def run_rl(args: argparse.Namespace) -> int:
     if args.config not in RECIPES:
         print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
         return 2
-    cfg = with_overrides(RECIPES[args.config](), _overrides(args.set))
+    overrides = _overrides(args.set)
+    if args.speculative:
+        overrides["speculative.enabled"] = "true"
+    cfg = with_overrides(RECIPES[args.config](), overrides)
     if args.print_config:
         print(json.dumps(to_dict(cfg), indent=2))
         return 0

@@ -23,11 +23,13 @@ from typing import Any
 
 import torch
 
+from posttrain.rl.draft import DraftTrainer
 from posttrain.rl.learner import Learner
 from posttrain.rl.recipes import RLConfig, to_dict
 from posttrain.rl.task import VERIFIERS, JsonlTask, TaskSource, char_tokenizer, countdown_rows
 from posttrain.rollout.engine import RolloutEngine
 from posttrain.rollout.engines.hf import HFEngine
+from posttrain.rollout.engines.speculative import SpeculativeEngine
 from posttrain.rollout.scheduler import PartialRolloutScheduler, SyncScheduler
 from posttrain.rollout.types import SamplingParams
 
@@ -61,6 +63,29 @@ def build_policy(cfg: RLConfig) -> tuple[torch.nn.Module, Any]:
         cfg.policy.path, dtype=torch.float32, attn_implementation=cfg.policy.attn_implementation
     )
     return model, AutoTokenizer.from_pretrained(cfg.policy.path)
+
+
+def build_draft(cfg: RLConfig, policy: torch.nn.Module) -> torch.nn.Module:
+    """The speculative draft: ``speculative.draft_path`` or, for the tiny policy, a narrower/shallower Qwen2."""
+    spec = cfg.speculative
+    if spec.draft_path is not None:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(
+            spec.draft_path, dtype=torch.float32, attn_implementation=cfg.policy.attn_implementation
+        )
+    if cfg.policy.path is not None:
+        raise ValueError("speculative.enabled with a policy.path needs speculative.draft_path")
+    from transformers import Qwen2ForCausalLM
+
+    mcfg = copy.deepcopy(policy.config)
+    mcfg.hidden_size = max(8, int(cfg.policy.hidden_size * spec.draft_scale) // 8 * 8)
+    mcfg.intermediate_size = 2 * mcfg.hidden_size
+    mcfg.num_hidden_layers = max(1, int(cfg.policy.num_layers * spec.draft_scale))
+    if hasattr(mcfg, "layer_types"):
+        mcfg.layer_types = mcfg.layer_types[: mcfg.num_hidden_layers]
+    torch.manual_seed(cfg.policy.seed + 1)
+    return Qwen2ForCausalLM(mcfg).float().eval()
 
 
 def build_task(cfg: RLConfig) -> JsonlTask:
@@ -137,8 +162,25 @@ def run(
     else:
         for p in (metrics_path, trained_path):
             p.unlink(missing_ok=True)
+    drafter = None
+    if cfg.speculative.enabled:
+        if make_engine is not None:
+            raise ValueError("speculative rollouts run on the in-process engine (not with --ray)")
+        drafter = DraftTrainer(build_draft(cfg, model), cfg.speculative)
+        if state is not None:
+            drafter.load_state_dict(state["draft"])
     # The engine starts from the learner's exact weights and version (a fresh run: version 0).
-    if make_engine is None:
+    if drafter is not None:
+        engine = SpeculativeEngine(
+            copy.deepcopy(model).eval(),
+            copy.deepcopy(drafter.draft).eval(),
+            k=cfg.speculative.k,
+            capacity=cfg.engine_capacity,
+            draft_version=drafter.version,
+        )
+        if learner.version:
+            engine.update_weights(learner.weights(), learner.version)
+    elif make_engine is None:
         engine = HFEngine(copy.deepcopy(model).eval(), capacity=cfg.engine_capacity)
         if learner.version:
             engine.update_weights(learner.weights(), learner.version)
@@ -165,9 +207,18 @@ def run(
         batch = sched.collect()
         t1 = time.perf_counter()
         lm = learner.train(batch)
+        trajs = [t for g in batch.groups for t in g]
+        dm: dict[str, Any] = {}
+        if drafter is not None:
+            # The draft chases the updated policy on the states just collected; synced with the policy.
+            drafter.observe(engine.round_log)
+            round_acc = engine.acceptance
+            dm = drafter.update(trajs, learner.model, temperature=cfg.sampling.temperature)
+            dm["draft_round_acceptance"] = round_acc
+            dm["tokens_per_round"] = engine.emitted / max(1, engine.rounds)
+            engine.update_draft(drafter.weights(), drafter.version)
         sched.sync(learner.weights(), learner.version)
         t2 = time.perf_counter()
-        trajs = [t for g in batch.groups for t in g]
         st = batch.stats
         row = {
             "step": step,
@@ -193,12 +244,19 @@ def run(
             "mismatch_abs_mean": lm["mismatch_abs_mean"],
             "rollout_s": t1 - t0,
             "train_s": t2 - t1,
+            **dm,
         }
         _append(metrics_path, row)
         _append(trained_path, {"step": step, "ids": [t.request_id for t in trajs], "dapo_dropped": batch.dropped})
         _save(
             ckpt,
-            {"step": step, "learner": learner.state_dict(), "scheduler": sched.state_dict(), "config": to_dict(cfg)},
+            {
+                "step": step,
+                "learner": learner.state_dict(),
+                "scheduler": sched.state_dict(),
+                "config": to_dict(cfg),
+                "draft": drafter.state_dict() if drafter is not None else None,
+            },
         )
         for k, v in row.items():
             if k != "step":

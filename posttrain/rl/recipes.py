@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.rl.learner import LearnerConfig
+from posttrain.rollout.engines.speculative import SpeculativeConfig
 from posttrain.rollout.scheduler import SchedulerConfig
 
 
@@ -74,6 +75,8 @@ class RLConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    """Speculative rollouts with a draft trained online (``--speculative`` / ``--set speculative.k=4``)."""
     engine_capacity: int = 80
     """Concurrent requests in the rollout engine."""
     steps: int = 60

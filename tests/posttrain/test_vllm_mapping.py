@@ -151,3 +151,19 @@ def test_engine_without_vllm_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(ImportError, match="pip install vllm"):
         VLLMEngine(VLLMConfig(model="x"))
+
+
+def test_speculative_config_maps_to_vllm() -> None:
+    from posttrain.rollout.engines.speculative import SpeculativeConfig
+    from posttrain.rollout.engines.vllm import vllm_speculative_config
+
+    spec = SpeculativeConfig(enabled=True, k=3)
+    assert vllm_speculative_config("/ckpt/draft", spec.k) == {
+        "method": "draft_model",
+        "model": "/ckpt/draft",
+        "num_speculative_tokens": 3,
+    }
+    assert vllm_speculative_config(None, 4) is None
+    with pytest.raises(ValueError):
+        vllm_speculative_config("/ckpt/draft", 0)
+    assert VLLMConfig(model="m", draft_model="d").speculative_k == SpeculativeConfig().k

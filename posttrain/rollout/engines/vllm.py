@@ -188,6 +188,21 @@ class VLLMConfig:
     """How long ``step`` waits for an output before reporting an empty step."""
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     """Extra ``AsyncEngineArgs`` fields (tensor_parallel_size, gpu_memory_utilization, dtype, ...)."""
+    draft_model: str | None = None
+    """Hugging Face name or local path of the speculative draft (None: no speculative decoding)."""
+    speculative_k: int = 4
+    """Draft tokens per verification round (``SpeculativeConfig.k``)."""
+
+
+def vllm_speculative_config(draft_model: str | None, k: int) -> dict | None:
+    """vLLM's ``speculative_config`` for a separate draft model proposing ``k`` tokens (None when no draft).
+
+    vLLM verifies with the same lossless rejection sampling as ``speculative.verify``."""
+    if draft_model is None:
+        return None
+    if k < 1:
+        raise ValueError("speculative k must be ≥ 1")
+    return {"method": "draft_model", "model": draft_model, "num_speculative_tokens": int(k)}
 
 
 WeightSender = Callable[[Any, Mapping[str, Any]], Any]
@@ -244,6 +259,9 @@ def real_vllm_api(config: VLLMConfig) -> VLLMApi:
         logprobs_mode="processed_logprobs",
         enable_return_routed_experts=config.return_routed_experts,
     )
+    spec = vllm_speculative_config(config.draft_model, config.speculative_k)
+    if spec is not None:
+        args["speculative_config"] = spec
     init = None
     if config.weight_transfer_backend:
         from vllm.config import WeightTransferConfig

@@ -1,0 +1,183 @@
+"""Speculative decoding engine: lossless against the policy (chi-square, with a biased-verifier negative control),
+across pause/resume and after a weight sync (against the NEW policy); KV rollback keeps the caches consistent."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from posttrain import speculative
+from posttrain.rollout.engines.speculative import SpeculativeEngine
+from posttrain.rollout.sampling import sampling_logprobs
+from posttrain.rollout.types import Request, SamplingParams
+
+V = 6
+PROMPT = [2, 3, 1]
+
+
+def tiny(seed: int, hidden: int = 32, scale: float = 40.0) -> Qwen2ForCausalLM:
+    """A tiny LM whose next-token distributions are far from uniform (lm_head scaled up)."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=V,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    m = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        m.lm_head.weight.mul_(scale)
+    return m
+
+
+@torch.no_grad()
+def exact_joint(model: torch.nn.Module, n: int) -> dict[tuple[int, ...], float]:
+    """P(y_1..y_n | PROMPT) under the model's sampling distribution, for every sequence."""
+    out = {}
+    for seq in itertools.product(range(V), repeat=n):
+        ids = torch.tensor([PROMPT + list(seq)])
+        logp = sampling_logprobs(model(input_ids=ids).logits[0])
+        lp = sum(float(logp[len(PROMPT) - 1 + j, seq[j]]) for j in range(n))
+        out[seq] = float(torch.tensor(lp).exp())
+    return out
+
+
+def chi2_pvalue(counts: dict, probs: dict, n: int) -> float:
+    """Goodness of fit with cells of expected count < 5 pooled into one."""
+    obs, exp, rest_o, rest_e = [], [], 0.0, 0.0
+    for cell, p in probs.items():
+        if p * n < 5:
+            rest_o += counts.get(cell, 0)
+            rest_e += p * n
+        else:
+            obs.append(counts.get(cell, 0))
+            exp.append(p * n)
+    if rest_e > 0:
+        obs.append(rest_o)
+        exp.append(rest_e)
+    exp_t = torch.tensor(exp, dtype=torch.float64)
+    exp_t = exp_t * (sum(obs) / exp_t.sum())
+    return float(chisquare(obs, exp_t.tolist()).pvalue)
+
+
+def accept_always(draft_tokens, draft_probs, target_probs, generator=None):
+    """Negative control: every draft passes (the output follows the draft, not the policy)."""
+    b, k = draft_tokens.shape
+    bonus = torch.multinomial(target_probs[:, k], 1, generator=generator)
+    tokens = torch.cat([draft_tokens, bonus], dim=1)
+    n = torch.full((b,), k, dtype=torch.long)
+    return speculative.Verified(tokens=tokens, n_emitted=n + 1, n_accepted=n)
+
+
+def reqs(n: int, length: int, offset: int = 0) -> list[Request]:
+    return [
+        Request(f"r{i}", list(PROMPT), SamplingParams(max_new_tokens=length, ignore_eos=True, seed=offset + i))
+        for i in range(n)
+    ]
+
+
+HELD: list[int] = []
+
+
+def run(engine: SpeculativeEngine, pause_after: int | None = None, new_state=None) -> list:
+    done, steps = [], 0
+    while engine.n_active:
+        done += engine.step().finished
+        steps += 1
+        if steps == pause_after:
+            held = engine.pause()
+            HELD.append(len(held))
+            if new_state is not None:
+                engine.update_weights(new_state, engine.version + 1)
+            engine.resume(held)
+    return done
+
+
+N = 4000
+
+
+@pytest.mark.parametrize("biased", [False, True])
+@torch.no_grad()
+def test_lossless_two_tokens_with_negative_control(biased: bool) -> None:
+    policy, draft = tiny(0), tiny(1)
+    probs = exact_joint(policy, 2)
+    eng = SpeculativeEngine(policy, draft, k=2, capacity=N, verifier=accept_always if biased else speculative.verify)
+    eng.submit(reqs(N, 2))
+    done = run(eng)
+    assert len(done) == N
+    counts: dict = {}
+    for t in done:
+        counts[tuple(t.token_ids)] = counts.get(tuple(t.token_ids), 0) + 1
+    pval = chi2_pvalue(counts, probs, N)
+    if biased:
+        assert pval < 1e-6
+    else:
+        assert pval > 1e-3
+        assert 0.05 < eng.acceptance < 0.95  # the draft is neither useless nor the policy itself
+        # recorded logprobs are the policy's
+        t = done[0]
+        ids = torch.tensor([PROMPT + t.token_ids])
+        logp = sampling_logprobs(policy(input_ids=ids).logits[0])
+        ref = [float(logp[len(PROMPT) - 1 + j, tok]) for j, tok in enumerate(t.token_ids)]
+        assert t.logprobs == pytest.approx(ref, abs=1e-4)
+
+
+def test_lossless_across_pause_resume() -> None:
+    policy, draft = tiny(0), tiny(1)
+    probs = exact_joint(policy, 3)
+    eng = SpeculativeEngine(policy, draft, k=2, capacity=N)
+    eng.submit(reqs(N, 3, offset=10_000))
+    HELD.clear()
+    done = run(eng, pause_after=1)
+    assert len(done) == N and all(t.n_tokens == 3 for t in done)
+    assert HELD and HELD[0] > N // 2  # most requests were paused mid-response and resumed (both KVs re-prefilled)
+    counts: dict = {}
+    for t in done:
+        counts[tuple(t.token_ids)] = counts.get(tuple(t.token_ids), 0) + 1
+    assert eng.policy_forwards > 2
+    assert chi2_pvalue(counts, probs, N) > 1e-3
+
+
+@pytest.mark.parametrize("biased", [False, True])
+def test_after_weight_sync_tokens_follow_the_new_policy(biased: bool) -> None:
+    """K=1, 4 tokens: after one round every request is paused, the policy swapped, and resumed;
+    the first token of version 1 (a verified draft) must follow the NEW policy p1(. | prefix)."""
+    old, new, draft = tiny(0), tiny(5), tiny(1)
+    eng = SpeculativeEngine(old, draft, k=1, capacity=N, verifier=accept_always if biased else speculative.verify)
+    eng.submit(reqs(N, 4, offset=20_000))
+    done = run(eng, pause_after=1, new_state=new.state_dict())
+    # Expected for the version-1 tokens: Σ over samples of p_new(· | prefix) at that position.
+    cells: dict = {}
+    exp: dict = {}
+    n = 0
+    with torch.no_grad():
+        for t in done:
+            for j, (tok, v) in enumerate(zip(t.token_ids, t.versions)):
+                if v != 1 or j == 0 or j != t.versions.index(1):
+                    continue
+                ctx = tuple(t.token_ids[:j])
+                key = (ctx, tok)
+                cells[key] = cells.get(key, 0) + 1
+                exp.setdefault(ctx, 0)
+                exp[ctx] += 1
+                n += 1
+    assert n > 500
+    probs = {}
+    with torch.no_grad():
+        for ctx, m in exp.items():
+            logp = sampling_logprobs(new(input_ids=torch.tensor([PROMPT + list(ctx)])).logits[0, -1])
+            for b in range(V):
+                probs[(ctx, b)] = m * float(logp[b].exp()) / n
+    pval = chi2_pvalue(cells, probs, n)
+    if biased:
+        assert pval < 1e-6
+    else:
+        assert pval > 1e-3
