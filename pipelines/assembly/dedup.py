@@ -209,6 +209,8 @@ def first_pages_text(data: bytes, config: DedupConfig) -> list[str] | None:
     """The text layer of the first ``config.first_pages`` pages (one string per page), read with PyMuPDF in a
     forked child that is killed after ``config.text_timeout_s``; None when the file does not open, has no
     pages, or its text cannot be read in time (the parser then deals with it)."""
+    import pymupdf  # noqa: F401  (loaded here, before the fork: the child would pay ~0.3 s to import it)
+
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: read, send, exit without running the parent's atexit handlers or finalisers
