@@ -16,11 +16,12 @@ Implementations: ``engines/hf.py`` (transformers, CPU), ``engines/scripted.py`` 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from posttrain.rollout.types import Request, Trajectory
+from posttrain.rollout.types import FINISH_ABORT, Request, Trajectory
 
 
 @dataclass
@@ -104,7 +105,8 @@ class RolloutEngine(Protocol):
 
 class QueuedEngine:
     """The bookkeeping every local engine shares: a version, a capacity, a queue of submitted requests and the
-    running ones (subclasses set ``_version``, ``_capacity``, ``_queue`` and ``_running``)."""
+    running ones (subclasses set ``_version``, ``_capacity``, ``_queue`` and ``_running``). ``resume``/``pause``/
+    ``abort`` here serve engines whose running entries carry their trajectory as ``.traj``; others override them."""
 
     _version: int
     _capacity: int
@@ -122,3 +124,24 @@ class QueuedEngine:
     @property
     def n_active(self) -> int:
         return len(self._queue) + len(self._running)
+
+    def resume(self, trajectories: Sequence[Trajectory]) -> None:
+        for t in trajectories:
+            if t.finished:
+                raise ValueError(f"{t.request_id} is finished; only paused trajectories resume")
+            self._queue.append(t)
+
+    def pause(self) -> list[Trajectory]:
+        out = [r.traj for r in self._running] + list(self._queue)
+        self._running, self._queue = [], deque()
+        return out
+
+    def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
+        ids = set(request_ids)
+        out = [r.traj for r in self._running if r.traj.request_id in ids]
+        out += [t for t in self._queue if t.request_id in ids]
+        self._running = [r for r in self._running if r.traj.request_id not in ids]
+        self._queue = deque(t for t in self._queue if t.request_id not in ids)
+        for t in out:
+            t.finish_reason = FINISH_ABORT
+        return out

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from posttrain.rollout.engine import ExpertsRecorder, QueuedEngine, StepOutput
 from posttrain.rollout.sampling import draw, sampling_logprobs, token_uniform
-from posttrain.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Trajectory
+from posttrain.rollout.types import FINISH_LENGTH, FINISH_STOP, Request, Trajectory
 
 
 @dataclass
@@ -56,27 +56,6 @@ class HFEngine(QueuedEngine):
         for r in requests:
             rec = [] if r.params.return_routed_experts else None
             self._queue.append(Trajectory(request=r, routed_experts=rec))
-
-    def resume(self, trajectories: Sequence[Trajectory]) -> None:
-        for t in trajectories:
-            if t.finished:
-                raise ValueError(f"{t.request_id} is finished; only paused trajectories resume")
-            self._queue.append(t)
-
-    def pause(self) -> list[Trajectory]:
-        out = [r.traj for r in self._running] + list(self._queue)
-        self._running, self._queue = [], deque()
-        return out
-
-    def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
-        ids = set(request_ids)
-        out = [r.traj for r in self._running if r.traj.request_id in ids]
-        out += [t for t in self._queue if t.request_id in ids]
-        self._running = [r for r in self._running if r.traj.request_id not in ids]
-        self._queue = deque(t for t in self._queue if t.request_id not in ids)
-        for t in out:
-            t.finish_reason = FINISH_ABORT
-        return out
 
     def update_weights(self, state: Mapping[str, Any], version: int) -> None:
         if self._running or self._queue:

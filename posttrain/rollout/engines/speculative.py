@@ -38,9 +38,9 @@ import torch
 from torch import Tensor
 
 from posttrain import speculative
-from posttrain.rollout.engine import StepOutput
+from posttrain.rollout.engine import QueuedEngine, StepOutput
 from posttrain.rollout.sampling import sampling_logprobs
-from posttrain.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Trajectory
+from posttrain.rollout.types import FINISH_LENGTH, FINISH_STOP, Request, Trajectory
 
 KV = list[tuple[Tensor, Tensor]]
 
@@ -95,7 +95,7 @@ def _round_seed(seed: int, attempt: int, position: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + attempt * 1_000_003 + position * 97_531 + 17) % (2**63 - 1)
 
 
-class SpeculativeEngine:
+class SpeculativeEngine(QueuedEngine):
     """``RolloutEngine`` whose steps are speculative verification rounds (policy + draft causal LMs)."""
 
     def __init__(
@@ -138,44 +138,11 @@ class SpeculativeEngine:
         """``n_accepted`` of each batched round with a full K (fed to an ``AcceptanceTracker``); cleared by the caller."""
 
     # -- protocol --------------------------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def n_active(self) -> int:
-        return len(self._queue) + len(self._running)
-
     def submit(self, requests: Sequence[Request]) -> None:
         for r in requests:
             if r.params.return_routed_experts:
                 raise ValueError("the speculative engine does not record routed experts (R3)")
             self._queue.append(Trajectory(request=r))
-
-    def resume(self, trajectories: Sequence[Trajectory]) -> None:
-        for t in trajectories:
-            if t.finished:
-                raise ValueError(f"{t.request_id} is finished; only paused trajectories resume")
-            self._queue.append(t)
-
-    def pause(self) -> list[Trajectory]:
-        out = [r.traj for r in self._running] + list(self._queue)
-        self._running, self._queue = [], deque()
-        return out
-
-    def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
-        ids = set(request_ids)
-        out = [r.traj for r in self._running if r.traj.request_id in ids]
-        out += [t for t in self._queue if t.request_id in ids]
-        self._running = [r for r in self._running if r.traj.request_id not in ids]
-        self._queue = deque(t for t in self._queue if t.request_id not in ids)
-        for t in out:
-            t.finish_reason = FINISH_ABORT
-        return out
 
     def update_weights(self, state: Mapping[str, Any], version: int) -> None:
         self._load(self.model, state)
