@@ -13,7 +13,8 @@ Engine: ``ScriptedTokenEngine`` emitting ``--reply-tokens`` tokens with ``--step
 Sessions are grouped (``g{k}:{r}``, 8 per group) and the first two replies of a group are identical,
 so the trace store branches: it reports stored tokens and bytes vs a flat log of every call.
 
-    PYTHONPATH=. python benchmarks/gateway.py            # targets: p50 ≤ 1.1×, p99 ≤ 1.5× direct
+    PYTHONPATH=. python benchmarks/gateway.py                 # targets: p50 ≤ 1.1×, p99 ≤ 1.5× direct
+    PYTHONPATH=. python benchmarks/gateway.py --client raw    # the same JSON without the SDK: the gateway alone
 """
 
 from __future__ import annotations
@@ -76,8 +77,11 @@ async def direct(args, tok) -> list[float]:
     return lat
 
 
-def _client_process(url: str, sessions: list[int], turns: int, conn) -> None:
-    """The harness side, in its own process (as real harnesses are): concurrent SDK sessions, latencies out."""
+def _client_process(url: str, sessions: list[int], turns: int, client_kind: str, conn) -> None:
+    """The harness side, in its own process (as real harnesses are): concurrent sessions, latencies and CPU out.
+
+    ``sdk``: ``openai.AsyncOpenAI`` (what harnesses use); ``raw``: the same JSON over ``httpx`` without the
+    SDK, which isolates the gateway's own cost from the SDK's request/response processing."""
     import httpx
     import openai
 
@@ -85,25 +89,36 @@ def _client_process(url: str, sessions: list[int], turns: int, conn) -> None:
 
     async def session(k: int) -> None:
         sid = f"g{k // 8}:{k % 8}"
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=sid, max_retries=0, http_client=httpx.AsyncClient())
+        http = httpx.AsyncClient()
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=sid, max_retries=0, http_client=http)
         msgs = [{"role": "system", "content": "You fix code."}, {"role": "user", "content": "Fix the bug please."}]
         await client.models.list()  # connection warm-up, not timed
+        headers = {"authorization": f"Bearer {sid}"}
         for _ in range(turns):
             t0 = time.perf_counter()
-            r = await client.chat.completions.create(model="m", messages=msgs)
+            if client_kind == "sdk":
+                r = await client.chat.completions.create(model="m", messages=msgs)
+                content = r.choices[0].message.content
+            else:
+                resp = await http.post(
+                    url + "/v1/chat/completions", json={"model": "m", "messages": msgs}, headers=headers
+                )
+                content = resp.json()["choices"][0]["message"]["content"]
             lat.append(time.perf_counter() - t0)
-            msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "ok"}]
+            msgs += [{"role": "assistant", "content": content}, {"role": "user", "content": "ok"}]
         await client.close()
 
     async def main() -> None:
         await asyncio.gather(*(session(k) for k in sessions))
 
+    cpu0 = time.process_time()
     asyncio.run(main())
-    conn.send(lat)
+    conn.send((lat, time.process_time() - cpu0))
     conn.close()
 
 
-def through_gateway(args, tok, trace_path: Path) -> tuple[list[float], Gateway]:
+def through_gateway(args, tok, trace_path: Path) -> tuple[list[float], Gateway, float, float]:
+    """Latencies, the gateway, and CPU seconds spent by the clients and by this (server + engine) process."""
     import multiprocessing as mp
 
     script, _ = make_script(tok, args.reply_tokens)
@@ -115,14 +130,16 @@ def through_gateway(args, tok, trace_path: Path) -> tuple[list[float], Gateway]:
         for c in range(args.client_procs):
             recv, send = ctx.Pipe(duplex=False)
             mine = list(range(c, args.sessions, args.client_procs))
-            procs.append(ctx.Process(target=_client_process, args=(url, mine, args.turns, send)))
+            procs.append(ctx.Process(target=_client_process, args=(url, mine, args.turns, args.client, send)))
             pipes.append(recv)
         for proc in procs:
             proc.start()
-        lat = [x for recv in pipes for x in recv.recv()]
+        cpu0 = time.process_time()
+        got = [recv.recv() for recv in pipes]
+        server_cpu = time.process_time() - cpu0
         for proc in procs:
             proc.join()
-    return lat, gw
+    return [x for lat, _ in got for x in lat], gw, sum(c for _, c in got), server_cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,13 +152,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--client-procs", type=int, default=4, help="harness processes the sessions are spread over (1 = all in one)"
     )
+    p.add_argument(
+        "--client",
+        choices=("sdk", "raw"),
+        default="sdk",
+        help="sdk: openai.AsyncOpenAI (the issue's measure); raw: the same JSON over httpx (the gateway's own cost)",
+    )
     a = p.parse_args(argv)
     tok = build_tokenizer()
+    cores = len(os.sched_getaffinity(0))
     rows = []
     for rnd in range(a.rounds):
+        cpu0 = time.process_time()
         d = asyncio.run(direct(a, tok))
+        direct_cpu = time.process_time() - cpu0
         with tempfile.TemporaryDirectory() as tmp:
-            g, gw = through_gateway(a, tok, Path(tmp) / "traces.sqlite")
+            g, gw, client_cpu, server_cpu = through_gateway(a, tok, Path(tmp) / "traces.sqlite")
             store = gw.store
             store.db.commit()
             store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -161,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
             "gateway_p50_ms": 1000 * statistics.median(g),
             "gateway_p99_ms": 1000 * pct(g, 0.99),
             "calls": len(g),
+            # CPU per call: the clients (SDK or raw httpx), and the gateway process minus what the same engine
+            # and driver cost in the direct run (so: HTTP server, parsing, template, match, capture, store).
+            "client_cpu_ms_per_call": 1000 * client_cpu / len(g),
+            "gateway_cpu_ms_per_call": 1000 * (server_cpu - direct_cpu) / len(g),
+            "engine_cpu_ms_per_call": 1000 * direct_cpu / len(d),
             "stored_tokens": stored,
             "flat_tokens": flat_tok,
             "sqlite_bytes": db_bytes,
@@ -168,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         row["p50_ratio"] = row["gateway_p50_ms"] / row["direct_p50_ms"]
         row["p99_ratio"] = row["gateway_p99_ms"] / row["direct_p99_ms"]
+        # Closed loop: each session issues its next call when the last returns, so the offered load at the
+        # direct latency is sessions / p50 calls per second; at that rate the added CPU needs this many cores.
+        per_call_cpu_s = (client_cpu + server_cpu) / len(g)
+        row["cores_needed_at_direct_rate"] = a.sessions / (row["direct_p50_ms"] / 1000) * per_call_cpu_s
         rows.append(row)
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     best = min(rows, key=lambda r: r["p50_ratio"])
@@ -177,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{med['gateway_p50_ms']:.1f} ms p99 {med['gateway_p99_ms']:.1f} ms | ratio p50 {med['p50_ratio']:.3f}x "
         f"p99 {med['p99_ratio']:.3f}x (best round p50 {best['p50_ratio']:.3f}x) | store {med['stored_tokens']} vs "
         f"flat {med['flat_tokens']} tokens"
+    )
+    print(
+        f"CPU per call ({a.client} client): client {med['client_cpu_ms_per_call']:.2f} ms, gateway "
+        f"{med['gateway_cpu_ms_per_call']:.2f} ms, engine+driver {med['engine_cpu_ms_per_call']:.2f} ms; "
+        f"{a.sessions} sessions at the direct rate need {med['cores_needed_at_direct_rate']:.2f} cores "
+        f"for client + server (this machine: {cores})"
     )
     return 0
 

@@ -131,19 +131,26 @@ class Gateway:
             return await self._generate(session, conv, protocol)
 
     async def _generate(self, session: str, conv: Conversation, protocol: str) -> Generation:
+        if conv.temperature < 0 or not 0 < conv.top_p <= 1:
+            raise InvalidRequest(
+                f"temperature must be >= 0 (0 = greedy) and top_p in (0, 1]; got {conv.temperature}, {conv.top_p}",
+                "invalid_sampling_parameters",
+            )
         text = render(self.tokenizer, conv)
         m = self.store.match_text(session, text)
         delta_text = text[m.offset :]
         delta_ids = self.tokenizer.encode(delta_text, add_special_tokens=False) if delta_text else []
         input_ids = m.path_ids + delta_ids
         if len(input_ids) > self.config.max_context:
-            raise ContextLimit(f"prompt has {len(input_ids)} tokens > max_context {self.config.max_context}")
+            raise InvalidRequest(
+                f"prompt has {len(input_ids)} tokens > max_context {self.config.max_context}", "context_length_exceeded"
+            )
         n = next(self._counter)
         rid = f"{session}/{n}"
         seed = zlib.crc32(f"{self.config.seed}/{rid}".encode())
         params = SamplingParams(
             max_new_tokens=max(1, min(conv.max_tokens, self.config.max_context - len(input_ids))),
-            temperature=conv.temperature if conv.temperature > 0 else 1.0,
+            temperature=conv.temperature,  # 0 = greedy (a point mass, see sampling_logprobs)
             top_p=conv.top_p,
             seed=seed,
             stop_token_ids=self.stop_ids,
@@ -180,8 +187,12 @@ class Gateway:
         return Generation(body, calls, finish, len(input_ids), len(out_ids), well_formed, cid)
 
 
-class ContextLimit(ValueError):
-    pass
+class InvalidRequest(ValueError):
+    """A request the gateway refuses with HTTP 400 (the harness sees an ordinary API error): ``code`` says why."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def session_of(headers: Any, sid: str | None) -> str:
@@ -214,8 +225,8 @@ def build_app(gateway: Gateway):
         conv = parse(body, default_max)
         try:
             g = await gateway.generate(session_of(req.headers, sid), conv, protocol)
-        except ContextLimit as e:
-            err = {"type": "invalid_request_error", "message": str(e), "code": "context_length_exceeded"}
+        except InvalidRequest as e:
+            err = {"type": "invalid_request_error", "message": str(e), "code": e.code}
             if protocol == "messages":
                 return None, conv, body, JSONResponse({"type": "error", "error": err}, status_code=400)
             return None, conv, body, JSONResponse({"error": err}, status_code=400)

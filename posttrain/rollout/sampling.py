@@ -20,9 +20,15 @@ def sampling_logprobs(logits: Tensor, temperature: float = 1.0, top_p: float = 1
     nucleus (smallest set of tokens with mass ≥ top_p) and renormalised; tokens outside get -inf.
 
     logits ``[..., V]`` (computed in float32 whatever the input dtype).
+
+    ``temperature == 0`` is greedy decoding, the T → 0 limit: a point mass on the first argmax (logprob 0
+    there, -inf elsewhere; top_p does not matter), so engine and learner still agree exactly.
     """
-    if temperature <= 0:
-        raise ValueError("temperature must be > 0 (greedy decoding has no logprobs to train on)")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if temperature == 0:
+        top = logits.float().argmax(dim=-1, keepdim=True)
+        return torch.full_like(logits, float("-inf"), dtype=torch.float32).scatter(-1, top, 0.0)
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     if top_p >= 1.0:
         return logp

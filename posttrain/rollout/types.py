@@ -31,7 +31,7 @@ class SamplingParams:
     max_new_tokens: int = 64
     """Upper bound on generated tokens (the stop token counts)."""
     temperature: float = 1.0
-    """Logits are divided by this before softmax; logprobs are of the tempered distribution."""
+    """Logits are divided by this before softmax; logprobs are of the tempered distribution (0 = greedy)."""
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens whose mass ≥ top_p, renormalised."""
     seed: int = 0

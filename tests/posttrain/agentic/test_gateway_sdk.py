@@ -358,3 +358,35 @@ def test_serve_a_saved_tiny_model_dir(tmp_path):
     (cid,) = gw.store.session_calls["dir"]
     assert r.usage.completion_tokens == len(gw.store.call_output_ids(cid)) <= 4
     assert r.usage.prompt_tokens == len(gw.store.call_input_ids(cid))
+
+
+def test_temperature_zero_is_greedy_and_bad_sampling_is_a_400(tok):
+    """``temperature=0`` decodes greedily on the real engine (same reply for any seed, each token the argmax,
+    logprob 0); a negative temperature is refused with HTTP 400, not sampled at some other temperature."""
+    import torch
+
+    from posttrain.rollout.engines.hf import HFEngine
+    from posttrain.tiny import build_tiny_causal_lm
+
+    model = build_tiny_causal_lm(vocab_size=1024)
+    gw, _ = make_gateway(tok, HFEngine(model, capacity=4))
+    msgs = [{"role": "user", "content": "Say hi"}]
+
+    async def go():
+        outs = []
+        for sid in ("a", "b"):  # different sessions → different per-call seeds
+            oa, _ = clients(gw, sid)
+            await oa.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0)
+            outs.append(gw.driver.finished[gw.store.calls[gw.store.session_calls[sid][0]]["meta"]["request_id"]])
+        oa, _ = clients(gw, "c")
+        with pytest.raises(openai.BadRequestError, match="invalid_sampling_parameters"):
+            await oa.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=-0.5)
+        return outs
+
+    a, b = run(go())
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs == [0.0] * len(a.token_ids)
+    ids = list(a.prompt_ids)
+    with torch.no_grad():
+        for t in a.token_ids:
+            assert t == int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            ids.append(t)
