@@ -86,14 +86,17 @@ def _client_process(url: str, sessions: list[int], turns: int, client_kind: str,
     import openai
 
     lat: list[float] = []
+    cpu: list[float] = []
 
-    async def session(k: int) -> None:
+    async def session(k: int, ready: asyncio.Barrier) -> None:
         sid = f"g{k // 8}:{k % 8}"
         http = httpx.AsyncClient()
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=sid, max_retries=0, http_client=http)
         msgs = [{"role": "system", "content": "You fix code."}, {"role": "user", "content": "Fix the bug please."}]
         await client.models.list()  # connection warm-up, not timed
         headers = {"authorization": f"Bearer {sid}"}
+        if await ready.wait() == 0:  # every session is connected: CPU is counted from here (not client set-up)
+            cpu.append(time.process_time())
         for _ in range(turns):
             t0 = time.perf_counter()
             if client_kind == "sdk":
@@ -106,14 +109,14 @@ def _client_process(url: str, sessions: list[int], turns: int, client_kind: str,
                 content = resp.json()["choices"][0]["message"]["content"]
             lat.append(time.perf_counter() - t0)
             msgs += [{"role": "assistant", "content": content}, {"role": "user", "content": "ok"}]
-        await client.close()
 
     async def main() -> None:
-        await asyncio.gather(*(session(k) for k in sessions))
+        ready = asyncio.Barrier(len(sessions))
+        await asyncio.gather(*(session(k, ready) for k in sessions))
+        cpu.append(time.process_time())
 
-    cpu0 = time.process_time()
     asyncio.run(main())
-    conn.send((lat, time.process_time() - cpu0))
+    conn.send((lat, cpu[-1] - cpu[0]))
     conn.close()
 
 
@@ -130,6 +133,8 @@ def through_gateway(args, tok, trace_path: Path) -> tuple[list[float], Gateway, 
         for c in range(args.client_procs):
             recv, send = ctx.Pipe(duplex=False)
             mine = list(range(c, args.sessions, args.client_procs))
+            if not mine:
+                continue
             procs.append(ctx.Process(target=_client_process, args=(url, mine, args.turns, args.client, send)))
             pipes.append(recv)
         for proc in procs:

@@ -18,6 +18,7 @@ Serve a model:  ``python -m posttrain.agentic.gateway --model DIR --port 8000``
 
 import asyncio
 import itertools
+import threading
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -58,53 +59,64 @@ class GatewayConfig:
 class EngineDriver:
     """Runs one ``RolloutEngine`` for many concurrent callers: ``await generate(request)``.
 
-    One asyncio task submits queued requests and calls ``engine.step()`` in a worker thread while any
-    request is in flight, so the event loop keeps serving HTTP while the model computes. The engine is
-    only touched by that task (no locking inside engines needed).
+    The engine lives in its own thread, which takes every request queued since its last step, submits them
+    and steps while any request is in flight; finished trajectories are handed back to each caller's event
+    loop with ``call_soon_threadsafe``. So the step cadence does not wait for the HTTP event loop (a busy
+    loop would otherwise delay every step of every request), and the engine is only touched by that thread
+    (no locking inside engines). An engine failure fails the calls in flight, loudly, and the thread keeps
+    serving later calls.
     """
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self._pending: list[tuple[Request, asyncio.Future]] = []
-        self._futures: dict[str, asyncio.Future] = {}
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._cv = threading.Condition()
+        self._pending: list[tuple[Request, asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._thread: threading.Thread | None = None
         self.finished: dict[str, Trajectory] = {}
         """request id → the trajectory exactly as the engine returned it (tests compare the store with it)."""
 
     async def generate(self, request: Request) -> Trajectory:
         loop = asyncio.get_running_loop()
-        if self._task is None or self._task.done():
-            self._wake = asyncio.Event()
-            self._task = loop.create_task(self._run())
         fut = loop.create_future()
-        self._pending.append((request, fut))
-        self._wake.set()
+        with self._cv:
+            self._pending.append((request, loop, fut))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="engine-driver", daemon=True)
+                self._thread.start()
+            self._cv.notify()
         return await fut
 
-    async def _run(self) -> None:
+    def _run(self) -> None:
+        waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending or self.engine.n_active:
+            with self._cv:
+                while not self._pending and not waiting:
+                    self._cv.wait()
                 batch, self._pending = self._pending, []
-                for r, f in batch:
-                    self._futures[r.request_id] = f
+            try:
                 if batch:
-                    self.engine.submit([r for r, _ in batch])
-                try:
-                    out = await asyncio.to_thread(self.engine.step)
-                except Exception as e:  # an engine failure fails every waiting call, loudly
-                    for f in self._futures.values():
-                        if not f.done():
-                            f.set_exception(e)
-                    self._futures.clear()
-                    raise
-                for t in out.finished:
-                    self.finished[t.request_id] = t
-                    f = self._futures.pop(t.request_id)
-                    if not f.done():
-                        f.set_result(t)
+                    for r, loop, f in batch:
+                        waiting[r.request_id] = (loop, f)
+                    self.engine.submit([r for r, _, _ in batch])
+                out = self.engine.step()
+            except Exception as e:  # an engine failure fails every waiting call, loudly
+                for loop, f in waiting.values():
+                    loop.call_soon_threadsafe(_settle, f, None, e)
+                waiting.clear()
+                continue
+            for t in out.finished:
+                self.finished[t.request_id] = t
+                loop, f = waiting.pop(t.request_id)
+                loop.call_soon_threadsafe(_settle, f, t, None)
+
+
+def _settle(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if fut.done():  # the caller went away (cancelled)
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
 
 
 class Gateway:
