@@ -1,15 +1,15 @@
 """Speculative vs plain decoding on the HF engines (issue 14): tokens per policy forward and wall time.
 
-    python benchmarks/specdec.py --embed 400      # 183M policy, 15.5M draft (11.8x smaller), K=4; ~2.5 min, 2 cores
-    python benchmarks/specdec.py --embed 150      # a less predictable policy (acceptance ~0.7)
+    python benchmarks/specdec.py --embed 400      # 183M policy, 17.3M random draft (10.6x smaller), K=4; ~5 min, 2 cores
+    python benchmarks/specdec.py --embed 400 --draft-from-policy   # the draft starts as the policy's early exit
     python benchmarks/specdec.py --layers 4 --hidden 512 --tokens 32   # quick smoke run
 
 The policy is a Qwen2 built from a config with random weights: its head is scaled by ``--sharpen`` (peaked
 next-token laws) and its token embeddings by ``--embed`` (the token then dominates the residual stream, so
 the next-token law is close to a function of the last token: a learnable stand-in for a trained LM; the
-larger ``--embed``, the more predictable). The draft is an early exit of the policy (its embeddings, first
-``--draft-layers`` blocks, final norm and head; ``--no-draft-from-policy`` for a random narrow draft) and is
-then trained ONLINE as in RL: speculative rollouts on the ``SpeculativeEngine``, each followed by
+larger ``--embed``, the more predictable). The draft is a separate Qwen2 with random weights
+(``--draft-hidden`` × ``--draft-layers``; ``--draft-from-policy`` starts it instead as an early exit of the
+policy: its embeddings, first ``--draft-layers`` blocks, final norm and head) and is trained ONLINE as in RL: speculative rollouts on the ``SpeculativeEngine``, each followed by
 ``DraftTrainer.update`` on the states just collected (hybrid KL/TV, λ_k from the running acceptance), up to
 ``--max-iters`` or ``--target-acceptance``. Then the same requests (batch 1, fixed length, same seeds) are
 decoded alternately by the plain ``HFEngine`` and by the ``SpeculativeEngine``. Printed: per-position
@@ -81,12 +81,12 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=1024, help="policy width")
     ap.add_argument("--layers", type=int, default=12, help="policy depth")
-    ap.add_argument("--draft-hidden", type=int, default=384, help="random draft width (without --draft-from-policy)")
-    ap.add_argument("--draft-layers", type=int, default=1)
+    ap.add_argument("--draft-hidden", type=int, default=768, help="random draft width (without --draft-from-policy)")
+    ap.add_argument("--draft-layers", type=int, default=2)
     ap.add_argument(
         "--draft-from-policy",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="initialise the draft as the policy's first --draft-layers blocks + embeddings + head (early exit)",
     )
     ap.add_argument("--sharpen", type=float, default=8.0, help="policy lm_head scale (peakedness)")
@@ -99,18 +99,20 @@ def main() -> None:
     )
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=64, help="tokens per timed request")
-    ap.add_argument("--requests", type=int, default=4, help="timed requests (batch 1, one after another)")
-    ap.add_argument("--train-batch", type=int, default=8, help="requests per online draft iteration")
-    ap.add_argument("--train-tokens", type=int, default=24)
-    ap.add_argument("--max-iters", type=int, default=6)
-    ap.add_argument("--target-acceptance", type=float, default=0.9)
+    ap.add_argument("--requests", type=int, default=6, help="timed requests (batch 1, one after another)")
+    ap.add_argument("--train-batch", type=int, default=16, help="requests per online draft iteration")
+    ap.add_argument("--train-tokens", type=int, default=32)
+    ap.add_argument("--max-iters", type=int, default=14)
+    ap.add_argument(
+        "--target-acceptance", type=float, default=0.85, help="stop online training once a rollout reaches it"
+    )
     ap.add_argument(
         "--distill-seqs", type=int, default=0, help="random contexts to distil the draft on first (0: none)"
     )
     ap.add_argument("--distill-len", type=int, default=64)
     ap.add_argument("--distill-epochs", type=int, default=10)
-    ap.add_argument("--draft-lr", type=float, default=1e-3)
-    ap.add_argument("--draft-steps", type=int, default=8)
+    ap.add_argument("--draft-lr", type=float, default=2e-3)
+    ap.add_argument("--draft-steps", type=int, default=30, help="Adam steps per online iteration")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
