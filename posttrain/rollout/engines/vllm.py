@@ -300,6 +300,7 @@ class VLLMEngine:
         self._launches: dict[str, Launch] = {}  # running in vLLM
         self._parked: dict[str, tuple[Launch, int, int]] = {}  # request_id → (launch, n_tokens, attempt) at pause
         self._finished_late: list[Trajectory] = []  # finished while pausing; handed out by the next step()
+        self._new_late: dict[str, list[int]] = {}  # ids folded in while pausing; reported by the next step()
         self._paused = False
         self._n_launched = 0
         self.resubmissions = 0
@@ -348,7 +349,7 @@ class VLLMEngine:
 
     def pause(self) -> list[Trajectory]:
         self._run(self._llm.pause_generation(mode="keep", clear_cache=True))
-        self._drain(block=False, finished=self._finished_late)
+        self._drain(block=False, finished=self._finished_late, new_tokens=self._new_late)
         self._paused = True
         out = []
         for launch in self._launches.values():
@@ -386,9 +387,9 @@ class VLLMEngine:
         self._version = int(version)
 
     def step(self) -> StepOutput:
-        out = StepOutput(finished=self._finished_late)
-        self._finished_late = []
-        advanced = self._drain(block=True, finished=out.finished)
+        out = StepOutput(finished=self._finished_late, new_tokens=self._new_late)
+        self._finished_late, self._new_late = [], {}
+        advanced = self._drain(block=True, finished=out.finished, new_tokens=out.new_tokens)
         out.n_decoded = len(advanced)
         return out
 
@@ -436,7 +437,7 @@ class VLLMEngine:
 
         asyncio.run_coroutine_threadsafe(consume(), self._loop)
 
-    def _drain(self, block: bool, finished: list[Trajectory]) -> set[str]:
+    def _drain(self, block: bool, finished: list[Trajectory], new_tokens: dict[str, list[int]]) -> set[str]:
         advanced: set[str] = set()
         timeout = self.config.poll_timeout_s if block and self._launches else None
         while True:
@@ -451,8 +452,10 @@ class VLLMEngine:
             launch = self._launches.get(vid)
             if launch is None:  # an aborted or parked request's late output
                 continue
-            if apply_completion(launch, payload):
+            n_new = apply_completion(launch, payload)
+            if n_new:
                 advanced.add(vid)
+                new_tokens.setdefault(launch.traj.request_id, []).extend(launch.traj.token_ids[-n_new:])
             if launch.traj.finished:
                 del self._launches[vid]
                 finished.append(launch.traj)
