@@ -12,6 +12,13 @@ output ids, logprobs, versions, routed experts are written to the store *before*
 and wrapped in the protocol envelope. Returned text is never re-tokenised: the next call's prompt reuses
 the stored ids as long as its rendering extends the stored text, and forks (recorded) otherwise.
 
+Streaming (``"stream": true``) is incremental: each engine step's new ids (``StepOutput.new_tokens``) reach the
+call through ``EngineDriver.stream``; the whole output so far is decoded again and its new final suffix is sent
+as a text delta at once (text that may still change is held back: a trailing incomplete UTF-8 character, a
+trailing prefix of ``<tool_call>`` or of a stop token, and everything from ``<tool_call>`` on). When the engine
+finishes, the output is captured in the store, parsed whole (``parse_output``), and only then are the tool calls,
+finish reason and usage sent. A harness's time to first token is the engine's, not the whole call's.
+
 Serve a model:  ``python -m posttrain.agentic.gateway --model DIR --port 8000``
 (``DIR`` holds a causal LM and a tokenizer with a chat template, e.g. ``tiny.write_tiny_agentic``).
 """
@@ -22,7 +29,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.agentic.chat import Conversation, Generation, parse_output, render
+from posttrain.agentic.chat import TOOL_OPEN, Conversation, Generation, GenerationStream, parse_output, render
 from posttrain.agentic.protocols import (
     chat_events,
     chat_response,
@@ -55,32 +62,88 @@ class GatewayConfig:
     """Ask the engine for MoE routes (R3; the engine needs an experts recorder) and store them per call."""
 
 
+class TokenStream:
+    """One request's output ids as the engine emits them (``EngineDriver.stream``).
+
+    ``async for ids in stream`` yields the ids each engine step appended to the request (``StepOutput.new_tokens``);
+    the loop ends when the request finishes, and ``stream.trajectory`` is then the finished ``Trajectory``, the
+    same object ``generate`` would have returned. An engine failure is raised from the loop, and so is an engine
+    whose steps did not report every id it emitted (a streaming consumer would silently lose text otherwise).
+    """
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.trajectory: Trajectory | None = None
+        self.n_received = 0
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def __aiter__(self) -> "TokenStream":
+        return self
+
+    async def __anext__(self) -> list[int]:
+        kind, item = await self._queue.get()
+        if kind == "ids":
+            return item
+        if kind == "done":
+            self.trajectory = item
+            raise StopAsyncIteration
+        raise item
+
+    def _ids(self, ids: list[int]) -> None:
+        self.n_received += len(ids)
+        self._queue.put_nowait(("ids", ids))
+
+    def _done(self, traj: Trajectory) -> None:
+        if self.n_received != traj.n_tokens:
+            self._fail(
+                RuntimeError(
+                    f"{self.request_id}: the engine's steps reported {self.n_received} new ids, "
+                    f"but the trajectory finished with {traj.n_tokens}"
+                )
+            )
+        else:
+            self._queue.put_nowait(("done", traj))
+
+    def _fail(self, error: BaseException) -> None:
+        self._queue.put_nowait(("error", error))
+
+
 class EngineDriver:
-    """Runs one ``RolloutEngine`` for many concurrent callers: ``await generate(request)``.
+    """Runs one ``RolloutEngine`` for many concurrent callers: ``await generate(request)`` for the finished
+    trajectory, or ``async for ids in stream(request)`` for its ids as each step emits them.
 
     One asyncio task submits queued requests and calls ``engine.step()`` in a worker thread while any
     request is in flight, so the event loop keeps serving HTTP while the model computes. The engine is
-    only touched by that task (no locking inside engines needed).
+    only touched by that task (no locking inside engines needed). A step's ``new_tokens`` reach the streams
+    before its finished trajectories do.
     """
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self._pending: list[tuple[Request, asyncio.Future]] = []
-        self._futures: dict[str, asyncio.Future] = {}
+        self._pending: list[tuple[Request, asyncio.Future | TokenStream]] = []
+        self._waiting: dict[str, asyncio.Future | TokenStream] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self.finished: dict[str, Trajectory] = {}
         """request id → the trajectory exactly as the engine returned it (tests compare the store with it)."""
 
     async def generate(self, request: Request) -> Trajectory:
-        loop = asyncio.get_running_loop()
+        fut = asyncio.get_running_loop().create_future()
+        self._enqueue(request, fut)
+        return await fut
+
+    def stream(self, request: Request) -> TokenStream:
+        """Submit ``request`` and return its ``TokenStream`` (call from the event loop's thread)."""
+        s = TokenStream(request.request_id)
+        self._enqueue(request, s)
+        return s
+
+    def _enqueue(self, request: Request, waiter: asyncio.Future | TokenStream) -> None:
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
-            self._task = loop.create_task(self._run())
-        fut = loop.create_future()
-        self._pending.append((request, fut))
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._pending.append((request, waiter))
         self._wake.set()
-        return await fut
 
     async def _run(self) -> None:
         while True:
@@ -88,27 +151,50 @@ class EngineDriver:
             self._wake.clear()
             while self._pending or self.engine.n_active:
                 batch, self._pending = self._pending, []
-                for r, f in batch:
-                    self._futures[r.request_id] = f
+                for r, w in batch:
+                    self._waiting[r.request_id] = w
                 if batch:
                     self.engine.submit([r for r, _ in batch])
                 try:
                     out = await asyncio.to_thread(self.engine.step)
                 except Exception as e:  # an engine failure fails every waiting call, loudly
-                    for f in self._futures.values():
-                        if not f.done():
-                            f.set_exception(e)
-                    self._futures.clear()
+                    for w in self._waiting.values():
+                        if isinstance(w, TokenStream):
+                            w._fail(e)
+                        elif not w.done():
+                            w.set_exception(e)
+                    self._waiting.clear()
                     raise
+                for rid, ids in out.new_tokens.items():
+                    w = self._waiting.get(rid)
+                    if isinstance(w, TokenStream):
+                        w._ids(ids)
                 for t in out.finished:
                     self.finished[t.request_id] = t
-                    f = self._futures.pop(t.request_id)
-                    if not f.done():
-                        f.set_result(t)
+                    w = self._waiting.pop(t.request_id)
+                    if isinstance(w, TokenStream):
+                        w._done(t)
+                    elif not w.done():
+                        w.set_result(t)
+
+
+@dataclass
+class _Call:
+    """A validated model call, before the engine runs it."""
+
+    request: Request
+    call_id: str
+    match: Any
+    """The store's prefix match (``traces.Match``) the prompt was built on."""
+    delta: tuple[str, list[int]]
+    """Rendered text past the match, and its ids."""
+    conv: Conversation
+    protocol: str
 
 
 class Gateway:
-    """Protocol-neutral core: ``await gateway.generate(session, conversation, protocol)``."""
+    """Protocol-neutral core: ``await gateway.generate(session, conversation, protocol)`` for a finished
+    ``Generation``, or ``await gateway.stream(...)`` for a ``GenerationStream`` of text deltas as they decode."""
 
     def __init__(self, engine: Any, tokenizer: Any, config: GatewayConfig = GatewayConfig(), store=None) -> None:
         self.tokenizer = tokenizer
@@ -118,8 +204,12 @@ class Gateway:
         self.stop_ids = tuple(
             i for i in tokenizer.convert_tokens_to_ids([tokenizer.eos_token, "<|endoftext|>"]) if isinstance(i, int)
         )
+        stop_texts = [tokenizer.decode([i], skip_special_tokens=False) for i in self.stop_ids]
+        self._held_markers = tuple(m for m in (TOOL_OPEN, *stop_texts) if m)
+        """Text whose beginning at the end of a partial output is not streamed yet (it may become a tool call)."""
         self._counter = itertools.count()
         self._session_locks: dict[str, asyncio.Lock] = {}
+        self._streams: set[asyncio.Task] = set()
 
     def count_tokens(self, conv: Conversation) -> int:
         return len(self.tokenizer.encode(render(self.tokenizer, conv), add_special_tokens=False))
@@ -128,9 +218,66 @@ class Gateway:
         # One call at a time per session: the store's prefix match must see the previous response.
         lock = self._session_locks.setdefault(session, asyncio.Lock())
         async with lock:
-            return await self._generate(session, conv, protocol)
+            call = self._prepare(session, conv, protocol)
+            traj = await self.driver.generate(call.request)
+            return self._capture(call, traj)
 
-    async def _generate(self, session: str, conv: Conversation, protocol: str) -> Generation:
+    async def stream(self, session: str, conv: Conversation, protocol: str) -> GenerationStream:
+        """Validate and submit the call (``InvalidRequest`` is raised here, before any byte is sent), then return
+        its ``GenerationStream``. A task of its own runs the call to the end and captures it even if the harness
+        stops reading (as the non-streaming path does); it holds the session's lock until the capture is done."""
+        lock = self._session_locks.setdefault(session, asyncio.Lock())
+        await lock.acquire()
+        try:
+            call = self._prepare(session, conv, protocol)
+            out = GenerationStream(call.call_id, len(call.request.prompt_ids))
+            task = asyncio.get_running_loop().create_task(self._stream(call, out, lock))
+        except BaseException:
+            lock.release()
+            raise
+        self._streams.add(task)
+        task.add_done_callback(self._streams.discard)
+        return out
+
+    async def _stream(self, call: _Call, out: GenerationStream, lock: asyncio.Lock) -> None:
+        try:
+            tokens = self.driver.stream(call.request)
+            ids: list[int] = []
+            sent = ""
+            async for new in tokens:
+                ids += new
+                text = self._final_text(ids)  # the whole output so far, decoded again: tokenizer-agnostic
+                if len(text) > len(sent) and text.startswith(sent):
+                    out.put_text(text[len(sent) :])
+                    sent = text
+            g = self._capture(call, tokens.trajectory)  # capture first: before the finish/usage events
+            if not g.text.startswith(sent):
+                raise RuntimeError(f"{call.call_id}: streamed text {sent!r} is not a prefix of the output {g.text!r}")
+            if len(g.text) > len(sent):
+                out.put_text(g.text[len(sent) :])
+            out.put_done(g)
+        except BaseException as e:  # the stream's reader sees the failure; nothing is swallowed
+            out.put_error(e)
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            lock.release()
+
+    def _final_text(self, ids: list[int]) -> str:
+        """The part of a partial output's text that no later token can change: decoded without a trailing stop
+        token, cut at ``<tool_call>`` (calls are sent whole at the end), and without a trailing incomplete UTF-8
+        character or a trailing prefix of ``<tool_call>`` / a stop token's text."""
+        if ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        cut = text.find(TOOL_OPEN)
+        if cut >= 0:
+            return text[:cut].rstrip("\ufffd")
+        text = text.rstrip("\ufffd")
+        held = max((k for m in self._held_markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
+        return text[: len(text) - held]
+
+    def _prepare(self, session: str, conv: Conversation, protocol: str) -> _Call:
         if conv.temperature < 0 or not 0 < conv.top_p <= 1:
             raise InvalidRequest(
                 f"temperature must be >= 0 (0 = greedy) and top_p in (0, 1]; got {conv.temperature}, {conv.top_p}",
@@ -156,35 +303,39 @@ class Gateway:
             stop_token_ids=self.stop_ids,
             return_routed_experts=self.config.return_routed_experts,
         )
-        traj = await self.driver.generate(Request(rid, input_ids, params, group_id=session))
+        cid = f"{zlib.crc32(rid.encode()):08x}{n:06d}"
+        return _Call(Request(rid, input_ids, params, group_id=session), cid, m, (delta_text, delta_ids), conv, protocol)
+
+    def _capture(self, call: _Call, traj: Trajectory) -> Generation:
+        """Store the engine's exact ids, logprobs, versions and experts, then parse the output."""
         out_ids = list(traj.token_ids)
-        # Capture first: the exact ids, logprobs, versions and experts, before any decoding/envelope.
         resp_text = self.tokenizer.decode(out_ids, skip_special_tokens=False)
         finish = "length" if traj.finish_reason == "length" else "stop"
         content = resp_text
         if out_ids and out_ids[-1] in self.stop_ids:
             content = self.tokenizer.decode(out_ids[:-1], skip_special_tokens=False)
-        cid = f"{zlib.crc32(rid.encode()):08x}{n:06d}"
-        body, calls, well_formed = parse_output(content, finish, cid)
+        body, calls, well_formed = parse_output(content, finish, call.call_id)
         if calls:
             finish = "tool_calls"
+        session = call.request.group_id
         self.store.record_call(
-            cid,
+            call.call_id,
             session,
-            m.node,
-            (delta_text, delta_ids),
+            call.match.node,
+            call.delta,
             (resp_text, out_ids, list(traj.logprobs), list(traj.versions), traj.routed_experts),
             finish,
-            protocol,
+            call.protocol,
             meta={
-                "request_id": rid,
+                "request_id": call.request.request_id,
                 "well_formed": well_formed,
-                "tools": [t["function"]["name"] for t in conv.tools],
+                "tools": [t["function"]["name"] for t in call.conv.tools],
                 "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls],
             },
-            fork=m.fork,
+            fork=call.match.fork,
         )
-        return Generation(body, calls, finish, len(input_ids), len(out_ids), well_formed, cid)
+        n_prompt = len(call.request.prompt_ids)
+        return Generation(body, calls, finish, n_prompt, len(out_ids), well_formed, call.call_id)
 
 
 class InvalidRequest(ValueError):
@@ -221,10 +372,12 @@ def build_app(gateway: Gateway):
         return StreamingResponse(sse(events), media_type="text/event-stream")
 
     async def run(req: HttpRequest, sid: str | None, parse, protocol: str):
+        """(Generation or, for ``stream: true``, GenerationStream; conversation; body; error response or None)."""
         body = await req.json()
         conv = parse(body, default_max)
+        call = gateway.stream if conv.stream else gateway.generate
         try:
-            g = await gateway.generate(session_of(req.headers, sid), conv, protocol)
+            g = await call(session_of(req.headers, sid), conv, protocol)
         except InvalidRequest as e:
             err = {"type": "invalid_request_error", "message": str(e), "code": e.code}
             if protocol == "messages":
