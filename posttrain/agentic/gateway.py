@@ -25,25 +25,31 @@ Serve a model:  ``python -m posttrain.agentic.gateway --model DIR --port 8000``
 
 import asyncio
 import itertools
+import logging
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
 from posttrain.agentic.chat import TOOL_OPEN, Conversation, Generation, GenerationStream, parse_output, render
 from posttrain.agentic.protocols import (
+    chat_error,
     chat_events,
     chat_response,
+    messages_error,
     messages_events,
     messages_response,
     parse_chat,
     parse_messages,
     parse_responses,
+    responses_error,
     responses_events,
     responses_response,
     sse,
 )
 from posttrain.agentic.traces import TraceStore
 from posttrain.rollout.types import Request, SamplingParams, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -158,13 +164,14 @@ class EngineDriver:
                 try:
                     out = await asyncio.to_thread(self.engine.step)
                 except Exception as e:  # an engine failure fails every waiting call, loudly
+                    log.exception("engine step failed; failing %d waiting calls", len(self._waiting))
                     for w in self._waiting.values():
                         if isinstance(w, TokenStream):
                             w._fail(e)
                         elif not w.done():
                             w.set_exception(e)
                     self._waiting.clear()
-                    raise
+                    return  # this task ends; the next call starts a new one
                 for rid, ids in out.new_tokens.items():
                     w = self._waiting.get(rid)
                     if isinstance(w, TokenStream):
@@ -368,8 +375,8 @@ def build_app(gateway: Gateway):
     app.state.gateway = gateway
     default_max = gateway.config.default_max_tokens
 
-    def stream(events) -> StreamingResponse:
-        return StreamingResponse(sse(events), media_type="text/event-stream")
+    def stream(events, error) -> StreamingResponse:
+        return StreamingResponse(sse(events, error), media_type="text/event-stream")
 
     async def run(req: HttpRequest, sid: str | None, parse, protocol: str):
         """(Generation or, for ``stream: true``, GenerationStream; conversation; body; error response or None)."""
@@ -391,7 +398,7 @@ def build_app(gateway: Gateway):
             return err
         if conv.stream:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return stream(chat_events(g, conv.model, usage))
+            return stream(chat_events(g, conv.model, usage), chat_error)
         return JSONResponse(chat_response(g, conv.model))
 
     async def responses(req: HttpRequest, sid: str | None = None):
@@ -399,14 +406,18 @@ def build_app(gateway: Gateway):
         if err is not None:
             return err
         return (
-            stream(responses_events(g, conv.model)) if conv.stream else JSONResponse(responses_response(g, conv.model))
+            stream(responses_events(g, conv.model), responses_error)
+            if conv.stream
+            else JSONResponse(responses_response(g, conv.model))
         )
 
     async def messages(req: HttpRequest, sid: str | None = None):
         g, conv, _, err = await run(req, sid, parse_messages, "messages")
         if err is not None:
             return err
-        return stream(messages_events(g, conv.model)) if conv.stream else JSONResponse(messages_response(g, conv.model))
+        if conv.stream:
+            return stream(messages_events(g, conv.model), messages_error)
+        return JSONResponse(messages_response(g, conv.model))
 
     async def count_tokens(req: HttpRequest, sid: str | None = None):
         return {"input_tokens": gateway.count_tokens(parse_messages(await req.json(), default_max))}

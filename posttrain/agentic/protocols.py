@@ -14,9 +14,10 @@ usage are sent when generation ends, after the call has been captured in the tra
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from posttrain.agentic.chat import (
@@ -32,6 +33,7 @@ PIECE = 16
 """Characters per streamed tool-call argument delta."""
 
 Events = AsyncIterator[tuple[str | None, Any]]
+log = logging.getLogger(__name__)
 
 
 def _opening(s: GenerationStream) -> Generation:
@@ -383,8 +385,38 @@ async def messages_events(s: GenerationStream, model: str) -> Events:
     yield "message_stop", {"type": "message_stop"}
 
 
-async def sse(events: Events) -> AsyncIterator[str]:
-    """Server-sent-event framing: ``event: NAME`` (when named) + one ``data:`` line + a blank line."""
-    async for name, data in events:
-        payload = data if isinstance(data, str) else json.dumps(data)
-        yield (f"event: {name}\n" if name else "") + f"data: {payload}\n\n"
+# -- Errors during a stream ----------------------------------------------------------------------------
+# The HTTP status (200) is gone once a stream has begun; each protocol then reports a failure in-band.
+def chat_error(message: str, _n_sent: int) -> tuple[str | None, Any]:
+    """A ``data:`` object with ``error`` (the openai SDK raises ``APIError`` on it)."""
+    return None, {"error": {"message": message, "type": "server_error", "param": None, "code": "server_error"}}
+
+
+def responses_error(message: str, n_sent: int) -> tuple[str | None, Any]:
+    """The Responses ``error`` event (its ``sequence_number`` continues the stream's)."""
+    data = {"type": "error", "code": "server_error", "message": message, "param": None, "sequence_number": n_sent}
+    return "error", data
+
+
+def messages_error(message: str, _n_sent: int) -> tuple[str | None, Any]:
+    """Anthropic's ``error`` event (the anthropic SDK raises an API error on it)."""
+    return "error", {"type": "error", "error": {"type": "api_error", "message": message}}
+
+
+def _frame(name: str | None, data: Any) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data)
+    return (f"event: {name}\n" if name else "") + f"data: {payload}\n\n"
+
+
+async def sse(events: Events, error: Callable[[str, int], tuple[str | None, Any]]) -> AsyncIterator[str]:
+    """Server-sent-event framing: ``event: NAME`` (when named) + one ``data:`` line + a blank line. A failure while
+    streaming (e.g. the engine's) is logged with its traceback and ends the stream with ``error(message, n_sent)``,
+    the protocol's own error event, so the harness gets an API error instead of a cut connection."""
+    n_sent = 0
+    try:
+        async for name, data in events:
+            yield _frame(name, data)
+            n_sent += 1
+    except Exception as e:
+        log.exception("stream failed after %d events", n_sent)
+        yield _frame(*error(f"{type(e).__name__}: {e}", n_sent))

@@ -539,3 +539,41 @@ def test_streaming_bad_sampling_is_a_400_and_frees_the_session(tok):
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
     assert run(go()) == "fine"
+
+
+class BreakingEngine(ScriptedTokenEngine):
+    """Fails (and drops its requests) once a request has 3 tokens: a stream that has already begun."""
+
+    def step(self):
+        out = super().step()
+        if any(t.n_tokens >= 3 for t, _ in self._running):
+            self._running = []
+            raise RuntimeError("engine broke")
+        return out
+
+
+def test_a_failure_mid_stream_is_each_protocols_error_event(tok):
+    """The status line (200) is already sent: the failure arrives as the protocol's own error event, which the
+    SDKs raise as API errors (Responses yields its ``error`` event), and the session stays usable."""
+    script = Script(tok)
+    gw, _ = make_gateway(tok, BreakingEngine(script))
+    script.replies["e"] = ["one two three four five six seven eight"] * 3
+    oa, an = clients(gw, "e")
+    msgs = [{"role": "user", "content": "hi"}]
+
+    async def go():
+        stream = await oa.chat.completions.create(model="m", messages=msgs, stream=True)
+        with pytest.raises(openai.APIError, match="engine broke"):
+            async for _ in stream:
+                pass
+        stream = await oa.responses.create(model="m", input="hi", stream=True)
+        events = [e async for e in stream]
+        assert events[-1].type == "error" and "engine broke" in events[-1].message
+        assert events[-1].sequence_number == events[-2].sequence_number + 1
+        stream = await an.messages.create(model="m", max_tokens=32, messages=msgs, stream=True)
+        with pytest.raises(anthropic.APIError, match="engine broke"):
+            async for _ in stream:
+                pass
+
+    run(go())
+    assert not gw.store.session_calls.get("e")  # a failed call is not captured
