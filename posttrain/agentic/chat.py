@@ -12,6 +12,9 @@ Generated text is parsed in the Qwen/Hermes format the tiny template renders (``
 ``content`` = the text before the first ``<tool_call>``; each block is one call. A block that is not
 valid JSON with a string ``name`` and an object ``arguments`` makes the whole output *malformed*: it is
 returned as plain text (no tool call) and flagged for the process annotator (SPEC §C7).
+
+A call's result is a ``Generation``; a streaming call's is a ``GenerationStream`` (text deltas, then the
+``Generation``), which the protocols' ``*_events`` turn into SSE.
 """
 
 from __future__ import annotations

@@ -282,7 +282,8 @@ class VLLMEngine:
     """``RolloutEngine`` over vLLM's ``AsyncLLM``, run on a private event-loop thread (see the module docstring).
 
     ``step()`` is a poll: it waits for at least one new output, folds every output that arrived into its
-    trajectory, and returns the finished ones. ``n_decoded`` counts requests that received tokens.
+    trajectory, and returns the finished ones. ``n_decoded`` counts requests that received tokens, ``new_tokens``
+    holds their new ids (ids folded in by a ``pause`` are reported by the next ``step``).
     """
 
     def __init__(
