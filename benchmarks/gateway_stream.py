@@ -6,8 +6,9 @@ real HTTP to uvicorn on 127.0.0.1 (a thread of this process), ``--turns`` chat c
 (``stream=True``) and, in a second pass, not streamed. Before incremental streaming, a streamed call's first delta
 came when the engine had finished, i.e. TTFT = the whole call (the non-streamed latency below).
 
-Then the gateway's own cost: it decodes the whole output so far again at every step (exact for any tokenizer), so
-a reply of n tokens costs n decodes of up to n ids; measured on the tiny byte-level BPE for ``--decode-lengths``.
+Then the gateway's own text work per streamed reply of ``--decode-lengths`` tokens: decoding the whole output again
+at every step (exact for any tokenizer, O(n²)) vs decoding only the ids past the last character boundary (what it
+does for byte-level BPE tokenizers, O(n)).
 
     PYTHONPATH=. python benchmarks/gateway_stream.py
 """
@@ -21,7 +22,7 @@ import time
 
 import openai
 
-from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
+from posttrain.agentic.gateway import Gateway, GatewayConfig, IncrementalDecoder, ServerThread, build_app
 from posttrain.agentic.scripted import ScriptedTokenEngine
 from posttrain.agentic.tiny import build_tokenizer
 
@@ -61,20 +62,27 @@ async def calls(url: str, args, stream: bool) -> tuple[list[float], list[float]]
     return ttft, total
 
 
-def decode_cost(tok, lengths: list[int]) -> list[tuple[int, float, float]]:
-    """(n, ms of one whole decode at n ids, ms the gateway spends decoding over a streamed reply of n ids)."""
-    base = tok.encode(WORDS, add_special_tokens=False)
+def decode_cost(gw: Gateway, lengths: list[int]) -> list[tuple[int, float, float]]:
+    """(n, ms, ms): the gateway's text work over a streamed reply of n ids, one id per step (``Gateway._stream``'s
+    loop: decode, hold back, cut at tool calls), decoding the whole output at every step vs only the new ids."""
+    base = gw.tokenizer.encode(WORDS, add_special_tokens=False)
     rows = []
     for n in lengths:
-        ids = (base * (n // len(base) + 1))[:n]
-        t = time.perf_counter()
-        tok.decode(ids, skip_special_tokens=False)
-        one = time.perf_counter() - t
-        ks = range(1, n + 1, max(1, n // 256))  # a sample of the n prefixes, scaled up
-        t = time.perf_counter()
-        for k in ks:
-            tok.decode(ids[:k], skip_special_tokens=False)
-        rows.append((n, 1000 * one, 1000 * (time.perf_counter() - t) / len(ks) * n))
+        reply = (base * (n // len(base) + 1))[:n]
+        ms = []
+        for incremental in (False, True):
+            decode = IncrementalDecoder(gw.tokenizer, incremental)
+            ids: list[int] = []
+            sent = ""
+            t = time.perf_counter()
+            for tok_id in reply:
+                ids.append(tok_id)
+                text = gw._final_text(ids, decode, len(sent))
+                if len(text) > len(sent) and text.startswith(sent):
+                    sent = text
+            ms.append(1000 * (time.perf_counter() - t))
+            assert sent == gw.tokenizer.decode(reply).rstrip("\ufffd")[: len(sent)]
+        rows.append((n, *ms))
     return rows
 
 
@@ -93,6 +101,9 @@ def main() -> None:
     engine = ScriptedTokenEngine(lambda r: reply, capacity=4 * a.sessions, step_delay_s=a.step_ms / 1000)
     gw = Gateway(engine, tok, GatewayConfig(default_max_tokens=a.reply_tokens + 8))
     with ServerThread(build_app(gw)) as url:
+        warm = argparse.Namespace(**{**vars(a), "turns": 1})
+        for stream in (True, False):  # first connections, first SDK parses: not measured
+            asyncio.run(calls(url, warm, stream))
         s_ttft, s_total = asyncio.run(calls(url, a, stream=True))
         _, n_total = asyncio.run(calls(url, a, stream=False))
     ms = lambda xs, q: 1000 * pct(xs, q)  # noqa: E731
@@ -104,9 +115,9 @@ def main() -> None:
         f"(= the old streamed TTFT)\n"
         f"TTFT / whole call (p50): {statistics.median(s_ttft) / statistics.median(n_total):.3f}"
     )
-    print("incremental decoding (whole output re-decoded each step), tiny byte-level BPE:")
-    for n, one, per_call in decode_cost(tok, [int(x) for x in a.decode_lengths.split(",")]):
-        print(f"  reply {n:>5} tokens: one decode {one:.3f} ms, all decodes of the reply {per_call:.0f} ms")
+    print("the gateway's text work per streamed reply (tiny byte-level BPE), event-loop CPU:")
+    for n, whole, incremental in decode_cost(gw, [int(x) for x in a.decode_lengths.split(",")]):
+        print(f"  {n:>5} tokens: whole output decoded each step {whole:.0f} ms, new ids only {incremental:.0f} ms")
 
 
 if __name__ == "__main__":

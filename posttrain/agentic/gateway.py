@@ -13,10 +13,10 @@ and wrapped in the protocol envelope. Returned text is never re-tokenised: the n
 the stored ids as long as its rendering extends the stored text, and forks (recorded) otherwise.
 
 Streaming (``"stream": true``) is incremental: each engine step's new ids (``StepOutput.new_tokens``) reach the
-call through ``EngineDriver.stream``; the whole output so far is decoded again and its new final suffix is sent
-as a text delta at once (text that may still change is held back: a trailing incomplete UTF-8 character, a
-trailing prefix of ``<tool_call>`` or of a stop token, and everything from ``<tool_call>`` on). When the engine
-finishes, the output is captured in the store, parsed whole (``parse_output``), and only then are the tool calls,
+call through ``EngineDriver.stream``; the output so far is decoded (``IncrementalDecoder``: only the new ids for
+byte-level BPE tokenizers, the whole output otherwise) and its new final suffix is sent as a text delta at once
+(text that may still change is held back: a trailing incomplete UTF-8 character, a trailing prefix of
+``<tool_call>`` or of a stop token, and everything from ``<tool_call>`` on). When the engine finishes, the output is captured in the store, parsed whole (``parse_output``), and only then are the tool calls,
 finish reason and usage sent. A harness's time to first token is the engine's, not the whole call's.
 
 Serve a model:  ``python -m posttrain.agentic.gateway --model DIR --port 8000``
@@ -185,6 +185,47 @@ class EngineDriver:
                         w.set_result(t)
 
 
+def byte_level_decode(tokenizer: Any) -> bool:
+    """True when the tokenizer's decode is plain byte concatenation: a fast tokenizer whose decoder is
+    ``ByteLevel`` (GPT-2/Qwen/Llama-3 style) with no clean-up of spaces. Then decode(a + b) == decode(a) + decode(b)
+    whenever a's bytes end on a character boundary (``IncrementalDecoder``)."""
+    from tokenizers import decoders
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return (
+        backend is not None
+        and isinstance(backend.decoder, decoders.ByteLevel)
+        and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+    )
+
+
+class IncrementalDecoder:
+    """The decoded text of one call's growing output (``Gateway.stream``); ``decoder(ids)`` → text of all ``ids``.
+
+    ``incremental=False``: decode the whole output again every time (exact for any tokenizer; O(n²) over a reply).
+    ``incremental=True`` (only for ``byte_level_decode`` tokenizers): remember the longest prefix decoded so far
+    that ends on a character boundary (its decoded tail held no U+FFFD) and decode only the ids after it, O(n)
+    over a reply. The capture decodes the whole output once more at the end, and the streamed text must be a
+    prefix of it (checked).
+    """
+
+    def __init__(self, tokenizer: Any, incremental: bool) -> None:
+        self.tokenizer = tokenizer
+        self.incremental = incremental
+        self._n = 0
+        self._text = ""
+        """``ids[:_n]`` decode to ``_text``, which ends on a character boundary."""
+
+    def __call__(self, ids: list[int]) -> str:
+        if not self.incremental:
+            return self.tokenizer.decode(ids, skip_special_tokens=False)
+        tail = self.tokenizer.decode(ids[self._n :], skip_special_tokens=False)
+        if "\ufffd" in tail:  # maybe an incomplete character: keep the boundary where it is
+            return self._text + tail
+        self._n, self._text = len(ids), self._text + tail
+        return self._text
+
+
 @dataclass
 class _Call:
     """A validated model call, before the engine runs it."""
@@ -214,6 +255,8 @@ class Gateway:
         stop_texts = [tokenizer.decode([i], skip_special_tokens=False) for i in self.stop_ids]
         self._held_markers = tuple(m for m in (TOOL_OPEN, *stop_texts) if m)
         """Text whose beginning at the end of a partial output is not streamed yet (it may become a tool call)."""
+        self.incremental_decode = byte_level_decode(tokenizer)
+        """Streams decode only the new ids (byte-level tokenizers) instead of the whole output at every step."""
         self._counter = itertools.count()
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._streams: set[asyncio.Task] = set()
@@ -249,11 +292,12 @@ class Gateway:
     async def _stream(self, call: _Call, out: GenerationStream, lock: asyncio.Lock) -> None:
         try:
             tokens = self.driver.stream(call.request)
+            decode = IncrementalDecoder(self.tokenizer, self.incremental_decode)
             ids: list[int] = []
             sent = ""
             async for new in tokens:
                 ids += new
-                text = self._final_text(ids)  # the whole output so far, decoded again: tokenizer-agnostic
+                text = self._final_text(ids, decode, len(sent))
                 if len(text) > len(sent) and text.startswith(sent):
                     out.put_text(text[len(sent) :])
                     sent = text
@@ -270,14 +314,14 @@ class Gateway:
         finally:
             lock.release()
 
-    def _final_text(self, ids: list[int]) -> str:
+    def _final_text(self, ids: list[int], decode: IncrementalDecoder, n_sent: int) -> str:
         """The part of a partial output's text that no later token can change: decoded without a trailing stop
         token, cut at ``<tool_call>`` (calls are sent whole at the end), and without a trailing incomplete UTF-8
         character or a trailing prefix of ``<tool_call>`` / a stop token's text."""
         if ids and ids[-1] in self.stop_ids:
             ids = ids[:-1]
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        cut = text.find(TOOL_OPEN)
+        text = decode(ids)
+        cut = text.find(TOOL_OPEN, max(0, n_sent - len(TOOL_OPEN)))  # the text sent holds no tool call
         if cut >= 0:
             return text[:cut].rstrip("\ufffd")
         text = text.rstrip("\ufffd")

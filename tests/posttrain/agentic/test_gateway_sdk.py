@@ -472,12 +472,16 @@ def text_stream(gw, sid, conv):
     return run(go())
 
 
-def test_stream_holds_back_partial_utf8_and_tool_call_starts(tok):
+@pytest.mark.parametrize("incremental", [True, False])
+def test_stream_holds_back_partial_utf8_and_tool_call_starts(tok, incremental):
     """Byte-level BPE splits 'ï', '数' across tokens and '<' may start '<tool_call>': no delta ever carries a
-    replacement character or tool-call text, and the deltas still add up to the parsed content."""
+    replacement character or tool-call text, and the deltas still add up to the parsed content (decoding only the
+    new ids, and decoding the whole output at every step)."""
     from posttrain.agentic.chat import Conversation
 
     gw, script = make_gateway(tok)
+    assert gw.incremental_decode  # the tiny tokenizer is a byte-level BPE
+    gw.incremental_decode = incremental
     body = "naïve café → 数学 ✓ so a < b and "
     script.replies = {"u": [body + '<tool_call>{"name": "write_file", "arguments": {"path": "x"}}</tool_call>']}
     ids = tok.encode(body, add_special_tokens=False)
