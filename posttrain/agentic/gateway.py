@@ -16,8 +16,10 @@ Streaming (``"stream": true``) is incremental: each engine step's new ids (``Ste
 call through ``EngineDriver.stream``; the output so far is decoded (``IncrementalDecoder``: only the new ids for
 byte-level BPE tokenizers, the whole output otherwise) and its new final suffix is sent as a text delta at once
 (text that may still change is held back: a trailing incomplete UTF-8 character, a trailing prefix of
-``<tool_call>`` or of a stop token, and everything from ``<tool_call>`` on). When the engine finishes, the output is captured in the store, parsed whole (``parse_output``), and only then are the tool calls,
-finish reason and usage sent. A harness's time to first token is the engine's, not the whole call's.
+``<tool_call>`` or of a stop token, and everything from ``<tool_call>`` on). When the engine finishes, the output
+is captured in the store, parsed whole (``parse_output``), and only then are the tool calls, finish reason and
+usage sent. A harness's time to first token is the engine's, not the whole call's. A failure after the stream
+began ends it with the protocol's own error event (``protocols.sse``).
 
 Serve a model:  ``python -m posttrain.agentic.gateway --model DIR --port 8000``
 (``DIR`` holds a causal LM and a tokenizer with a chat template, e.g. ``tiny.write_tiny_agentic``).
@@ -187,7 +189,7 @@ class EngineDriver:
 
 def byte_level_decode(tokenizer: Any) -> bool:
     """True when the tokenizer's decode is plain byte concatenation: a fast tokenizer whose decoder is
-    ``ByteLevel`` (GPT-2/Qwen/Llama-3 style) with no clean-up of spaces. Then decode(a + b) == decode(a) + decode(b)
+    ``ByteLevel`` (Qwen style) with no clean-up of spaces. Then decode(a + b) == decode(a) + decode(b)
     whenever a's bytes end on a character boundary (``IncrementalDecoder``)."""
     from tokenizers import decoders
 

@@ -581,3 +581,30 @@ def test_a_failure_mid_stream_is_each_protocols_error_event(tok):
 
     run(go())
     assert not gw.store.session_calls.get("e")  # a failed call is not captured
+
+
+def test_a_tool_call_without_text_streams_no_text_block(tok):
+    """Nothing before ``<tool_call>``: the streams open no text block/item, the call is block/item/index 0."""
+    gw, script = make_gateway(tok)
+    only_call = '<tool_call>{"name": "write_file", "arguments": ' + json.dumps(ARGS) + "}</tool_call>"
+    script.replies = {"t": [only_call] * 3}
+    oa, an = clients(gw, "t")
+    msgs = [{"role": "user", "content": "Fix calc.py"}]
+
+    async def go():
+        async with oa.chat.completions.stream(model="m", messages=msgs, tools=TOOLS_OPENAI) as s:
+            texts = [e.delta async for e in s if e.type == "content.delta"]
+            done = await s.get_final_completion()
+        assert not "".join(texts) and not done.choices[0].message.content  # only the opening chunk's ""
+        assert json.loads(done.choices[0].message.tool_calls[0].function.arguments) == ARGS
+        async with oa.responses.stream(model="m", input="Fix calc.py", tools=TOOLS_RESP) as s:
+            kinds = [e.type async for e in s]
+            r = await s.get_final_response()
+        assert "response.output_text.delta" not in kinds and [o.type for o in r.output] == ["function_call"]
+        async with an.messages.stream(model="m", max_tokens=128, messages=msgs, tools=TOOLS_ANTH) as s:
+            kinds = [e.type async for e in s]
+            m = await s.get_final_message()
+        assert "text" not in kinds and [b.type for b in m.content] == ["tool_use"] and m.content[0].input == ARGS
+
+    run(go())
+    check_trace(gw, "t", tok)
