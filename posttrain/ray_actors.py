@@ -154,6 +154,7 @@ class RayEngine:
         for i, o in zip(busy, outs, strict=True):
             merged.n_decoded += o.n_decoded
             merged.n_prefilled_tokens += o.n_prefilled_tokens
+            merged.new_tokens.update(o.new_tokens)  # request ids are unique across workers
             for t in o.finished:
                 self._release(i, t.request_id)
             merged.finished += o.finished

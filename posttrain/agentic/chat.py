@@ -12,16 +12,21 @@ Generated text is parsed in the Qwen/Hermes format the tiny template renders (``
 ``content`` = the text before the first ``<tool_call>``; each block is one call. A block that is not
 valid JSON with a string ``name`` and an object ``arguments`` makes the whole output *malformed*: it is
 returned as plain text (no tool call) and flagged for the process annotator (SPEC §C7).
+
+A call's result is a ``Generation``; a streaming call's is a ``GenerationStream`` (text deltas, then the
+``Generation``), which the protocols' ``*_events`` turn into SSE.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+TOOL_OPEN = "<tool_call>"
 TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -65,13 +70,51 @@ class Generation:
     """Trace-store id of this model call."""
 
 
+class GenerationStream:
+    """One streaming model call (``Gateway.stream``), protocol-neutral.
+
+    ``call_id`` and ``prompt_tokens`` are known before the first token (protocols put them in their opening event).
+    ``async for delta in stream`` yields assistant text while the engine generates it (only text that is final:
+    never a partial UTF-8 character or the start of a tool call / stop token); the deltas concatenate to
+    ``generation.text``. After the loop ``generation`` holds tool calls, finish reason and usage; the call is
+    already in the trace store by then. A failure of the call is raised from the loop.
+    """
+
+    def __init__(self, call_id: str, prompt_tokens: int) -> None:
+        self.call_id = call_id
+        self.prompt_tokens = prompt_tokens
+        self.generation: Generation | None = None
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> str:
+        item = await self._queue.get()
+        if isinstance(item, str):
+            return item
+        if isinstance(item, Generation):
+            self.generation = item
+            raise StopAsyncIteration
+        raise item
+
+    def put_text(self, delta: str) -> None:
+        self._queue.put_nowait(delta)
+
+    def put_done(self, generation: Generation) -> None:
+        self._queue.put_nowait(generation)
+
+    def put_error(self, error: BaseException) -> None:
+        self._queue.put_nowait(error)
+
+
 def call_id(seed: str, i: int) -> str:
     return "call_" + hashlib.sha1(f"{seed}/{i}".encode()).hexdigest()[:20]
 
 
 def parse_output(text: str, finish_reason: str, seed: str) -> tuple[str, list[ToolCall], bool]:
     """Split generated text (stop token already removed) into content and tool calls."""
-    first = text.find("<tool_call>")
+    first = text.find(TOOL_OPEN)
     if first < 0:
         return text, [], "</tool_call>" not in text
     calls: list[ToolCall] = []

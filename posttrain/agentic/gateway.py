@@ -12,32 +12,47 @@ output ids, logprobs, versions, routed experts are written to the store *before*
 and wrapped in the protocol envelope. Returned text is never re-tokenised: the next call's prompt reuses
 the stored ids as long as its rendering extends the stored text, and forks (recorded) otherwise.
 
+Streaming (``"stream": true``) is incremental: each engine step's new ids (``StepOutput.new_tokens``) reach the
+call through ``EngineDriver.stream``; the output so far is decoded (``IncrementalDecoder``: only the new ids for
+byte-level BPE tokenizers, the whole output otherwise) and its new final suffix is sent as a text delta at once
+(text that may still change is held back: a trailing incomplete UTF-8 character, a trailing prefix of
+``<tool_call>`` or of a stop token, and everything from ``<tool_call>`` on). When the engine finishes, the output
+is captured in the store, parsed whole (``parse_output``), and only then are the tool calls, finish reason and
+usage sent. A harness's time to first token is the engine's, not the whole call's. A failure after the stream
+began ends it with the protocol's own error event (``protocols.sse``).
+
 Serve a model:  ``python -m posttrain.agentic.gateway --model DIR --port 8000``
 (``DIR`` holds a causal LM and a tokenizer with a chat template, e.g. ``tiny.write_tiny_agentic``).
 """
 
 import asyncio
 import itertools
+import logging
 import threading
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.agentic.chat import Conversation, Generation, parse_output, render
+from posttrain.agentic.chat import TOOL_OPEN, Conversation, Generation, GenerationStream, parse_output, render
 from posttrain.agentic.protocols import (
+    chat_error,
     chat_events,
     chat_response,
+    messages_error,
     messages_events,
     messages_response,
     parse_chat,
     parse_messages,
     parse_responses,
+    responses_error,
     responses_events,
     responses_response,
     sse,
 )
 from posttrain.agentic.traces import TraceStore
 from posttrain.rollout.types import Request, SamplingParams, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,38 +71,93 @@ class GatewayConfig:
     """Ask the engine for MoE routes (R3; the engine needs an experts recorder) and store them per call."""
 
 
+class TokenStream:
+    """One request's output ids as the engine emits them (``EngineDriver.stream``).
+
+    ``async for ids in stream`` yields the ids each engine step appended to the request (``StepOutput.new_tokens``);
+    the loop ends when the request finishes, and ``stream.trajectory`` is then the finished ``Trajectory``, the
+    same object ``generate`` would have returned. An engine failure is raised from the loop, and so is an engine
+    whose steps did not report every id it emitted (a streaming consumer would silently lose text otherwise).
+    """
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.trajectory: Trajectory | None = None
+        self.n_received = 0
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def __aiter__(self) -> "TokenStream":
+        return self
+
+    async def __anext__(self) -> list[int]:
+        kind, item = await self._queue.get()
+        if kind == "ids":
+            return item
+        if kind == "done":
+            self.trajectory = item
+            raise StopAsyncIteration
+        raise item
+
+    def _ids(self, ids: list[int]) -> None:
+        self.n_received += len(ids)
+        self._queue.put_nowait(("ids", ids))
+
+    def _done(self, traj: Trajectory) -> None:
+        if self.n_received != traj.n_tokens:
+            self._fail(
+                RuntimeError(
+                    f"{self.request_id}: the engine's steps reported {self.n_received} new ids, "
+                    f"but the trajectory finished with {traj.n_tokens}"
+                )
+            )
+        else:
+            self._queue.put_nowait(("done", traj))
+
+    def _fail(self, error: BaseException) -> None:
+        self._queue.put_nowait(("error", error))
+
+
 class EngineDriver:
-    """Runs one ``RolloutEngine`` for many concurrent callers: ``await generate(request)``.
+    """Runs one ``RolloutEngine`` for many concurrent callers: ``await generate(request)`` for the finished
+    trajectory, or ``async for ids in stream(request)`` for its ids as each step emits them.
 
     The engine lives in its own thread, which takes every request queued since its last step, submits them
     and steps while any request is in flight; finished trajectories are handed back to each caller's event
     loop with ``call_soon_threadsafe``. So the step cadence does not wait for the HTTP event loop (a busy
     loop would otherwise delay every step of every request), and the engine is only touched by that thread
     (no locking inside engines). An engine failure fails the calls in flight, loudly, and the thread keeps
-    serving later calls.
+    serving later calls. A step's ``new_tokens`` reach the streams before its finished trajectories do.
     """
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self._cv = threading.Condition()
-        self._pending: list[tuple[Request, asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._pending: list[tuple[Request, asyncio.AbstractEventLoop, asyncio.Future | TokenStream]] = []
         self._thread: threading.Thread | None = None
         self.finished: dict[str, Trajectory] = {}
         """request id → the trajectory exactly as the engine returned it (tests compare the store with it)."""
 
     async def generate(self, request: Request) -> Trajectory:
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
+        fut = asyncio.get_running_loop().create_future()
+        self._enqueue(request, fut)
+        return await fut
+
+    def stream(self, request: Request) -> TokenStream:
+        """Submit ``request`` and return its ``TokenStream`` (call from the event loop's thread)."""
+        s = TokenStream(request.request_id)
+        self._enqueue(request, s)
+        return s
+
+    def _enqueue(self, request: Request, waiter: asyncio.Future | TokenStream) -> None:
         with self._cv:
-            self._pending.append((request, loop, fut))
+            self._pending.append((request, asyncio.get_running_loop(), waiter))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="engine-driver", daemon=True)
                 self._thread.start()
             self._cv.notify()
-        return await fut
 
     def _run(self) -> None:
-        waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future | TokenStream]] = {}
         while True:
             with self._cv:
                 while not self._pending and not waiting:
@@ -95,32 +165,99 @@ class EngineDriver:
                 batch, self._pending = self._pending, []
             try:
                 if batch:
-                    for r, loop, f in batch:
-                        waiting[r.request_id] = (loop, f)
+                    for r, loop, w in batch:
+                        waiting[r.request_id] = (loop, w)
                     self.engine.submit([r for r, _, _ in batch])
                 out = self.engine.step()
             except Exception as e:  # an engine failure fails every waiting call, loudly
-                for loop, f in waiting.values():
-                    loop.call_soon_threadsafe(_settle, f, None, e)
+                log.exception("engine step failed; failing %d waiting calls", len(waiting))
+                for loop, w in waiting.values():
+                    loop.call_soon_threadsafe(_settle, w, None, e)
                 waiting.clear()
                 continue
+            for rid, ids in out.new_tokens.items():
+                lw = waiting.get(rid)
+                if lw is not None and isinstance(lw[1], TokenStream):
+                    lw[0].call_soon_threadsafe(lw[1]._ids, ids)
             for t in out.finished:
                 self.finished[t.request_id] = t
-                loop, f = waiting.pop(t.request_id)
-                loop.call_soon_threadsafe(_settle, f, t, None)
+                loop, w = waiting.pop(t.request_id)
+                loop.call_soon_threadsafe(_settle, w, t, None)
 
 
-def _settle(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if fut.done():  # the caller went away (cancelled)
+def _settle(waiter: asyncio.Future | TokenStream, result: Any, error: BaseException | None) -> None:
+    """On the caller's event loop: finish a ``generate`` future or a ``TokenStream`` with a result or an error."""
+    if isinstance(waiter, TokenStream):
+        if error is not None:
+            waiter._fail(error)
+        else:
+            waiter._done(result)
+    elif waiter.done():  # the caller went away (cancelled)
         return
-    if error is not None:
-        fut.set_exception(error)
+    elif error is not None:
+        waiter.set_exception(error)
     else:
-        fut.set_result(result)
+        waiter.set_result(result)
+
+
+def byte_level_decode(tokenizer: Any) -> bool:
+    """True when the tokenizer's decode is plain byte concatenation: a fast tokenizer whose decoder is
+    ``ByteLevel`` (Qwen style) with no clean-up of spaces. Then decode(a + b) == decode(a) + decode(b)
+    whenever a's bytes end on a character boundary (``IncrementalDecoder``)."""
+    from tokenizers import decoders
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return (
+        backend is not None
+        and isinstance(backend.decoder, decoders.ByteLevel)
+        and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+    )
+
+
+class IncrementalDecoder:
+    """The decoded text of one call's growing output (``Gateway.stream``); ``decoder(ids)`` → text of all ``ids``.
+
+    ``incremental=False``: decode the whole output again every time (exact for any tokenizer; O(n²) over a reply).
+    ``incremental=True`` (only for ``byte_level_decode`` tokenizers): remember the longest prefix decoded so far
+    that ends on a character boundary (its decoded tail held no U+FFFD) and decode only the ids after it, O(n)
+    over a reply. The capture decodes the whole output once more at the end, and the streamed text must be a
+    prefix of it (checked).
+    """
+
+    def __init__(self, tokenizer: Any, incremental: bool) -> None:
+        self.tokenizer = tokenizer
+        self.incremental = incremental
+        self._n = 0
+        self._text = ""
+        """``ids[:_n]`` decode to ``_text``, which ends on a character boundary."""
+
+    def __call__(self, ids: list[int]) -> str:
+        if not self.incremental:
+            return self.tokenizer.decode(ids, skip_special_tokens=False)
+        tail = self.tokenizer.decode(ids[self._n :], skip_special_tokens=False)
+        if "\ufffd" in tail:  # maybe an incomplete character: keep the boundary where it is
+            return self._text + tail
+        self._n, self._text = len(ids), self._text + tail
+        return self._text
+
+
+@dataclass
+class _Call:
+    """A validated model call, before the engine runs it."""
+
+    request: Request
+    call_id: str
+    match: Any
+    """The store's prefix match (``traces.Match``) the prompt was built on."""
+    delta: tuple[str, list[int]]
+    """Rendered text past the match, and its ids."""
+    conv: Conversation
+    protocol: str
 
 
 class Gateway:
-    """Protocol-neutral core: ``await gateway.generate(session, conversation, protocol)``."""
+    """Protocol-neutral core: ``await gateway.generate(session, conversation, protocol)`` for a finished
+    ``Generation``, or ``await gateway.stream(...)`` for a ``GenerationStream`` of text deltas as they decode."""
 
     def __init__(self, engine: Any, tokenizer: Any, config: GatewayConfig = GatewayConfig(), store=None) -> None:
         self.tokenizer = tokenizer
@@ -130,8 +267,14 @@ class Gateway:
         self.stop_ids = tuple(
             i for i in tokenizer.convert_tokens_to_ids([tokenizer.eos_token, "<|endoftext|>"]) if isinstance(i, int)
         )
+        stop_texts = [tokenizer.decode([i], skip_special_tokens=False) for i in self.stop_ids]
+        self._held_markers = tuple(m for m in (TOOL_OPEN, *stop_texts) if m)
+        """Text whose beginning at the end of a partial output is not streamed yet (it may become a tool call)."""
+        self.incremental_decode = byte_level_decode(tokenizer)
+        """Streams decode only the new ids (byte-level tokenizers) instead of the whole output at every step."""
         self._counter = itertools.count()
         self._session_locks: dict[str, asyncio.Lock] = {}
+        self._streams: set[asyncio.Task] = set()
 
     def count_tokens(self, conv: Conversation) -> int:
         return len(self.tokenizer.encode(render(self.tokenizer, conv), add_special_tokens=False))
@@ -140,9 +283,67 @@ class Gateway:
         # One call at a time per session: the store's prefix match must see the previous response.
         lock = self._session_locks.setdefault(session, asyncio.Lock())
         async with lock:
-            return await self._generate(session, conv, protocol)
+            call = self._prepare(session, conv, protocol)
+            traj = await self.driver.generate(call.request)
+            return self._capture(call, traj)
 
-    async def _generate(self, session: str, conv: Conversation, protocol: str) -> Generation:
+    async def stream(self, session: str, conv: Conversation, protocol: str) -> GenerationStream:
+        """Validate and submit the call (``InvalidRequest`` is raised here, before any byte is sent), then return
+        its ``GenerationStream``. A task of its own runs the call to the end and captures it even if the harness
+        stops reading (as the non-streaming path does); it holds the session's lock until the capture is done."""
+        lock = self._session_locks.setdefault(session, asyncio.Lock())
+        await lock.acquire()
+        try:
+            call = self._prepare(session, conv, protocol)
+            out = GenerationStream(call.call_id, len(call.request.prompt_ids))
+            task = asyncio.get_running_loop().create_task(self._stream(call, out, lock))
+        except BaseException:
+            lock.release()
+            raise
+        self._streams.add(task)
+        task.add_done_callback(self._streams.discard)
+        return out
+
+    async def _stream(self, call: _Call, out: GenerationStream, lock: asyncio.Lock) -> None:
+        try:
+            tokens = self.driver.stream(call.request)
+            decode = IncrementalDecoder(self.tokenizer, self.incremental_decode)
+            ids: list[int] = []
+            sent = ""
+            async for new in tokens:
+                ids += new
+                text = self._final_text(ids, decode, len(sent))
+                if len(text) > len(sent) and text.startswith(sent):
+                    out.put_text(text[len(sent) :])
+                    sent = text
+            g = self._capture(call, tokens.trajectory)  # capture first: before the finish/usage events
+            if not g.text.startswith(sent):
+                raise RuntimeError(f"{call.call_id}: streamed text {sent!r} is not a prefix of the output {g.text!r}")
+            if len(g.text) > len(sent):
+                out.put_text(g.text[len(sent) :])
+            out.put_done(g)
+        except BaseException as e:  # the stream's reader sees the failure; nothing is swallowed
+            out.put_error(e)
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            lock.release()
+
+    def _final_text(self, ids: list[int], decode: IncrementalDecoder, n_sent: int) -> str:
+        """The part of a partial output's text that no later token can change: decoded without a trailing stop
+        token, cut at ``<tool_call>`` (calls are sent whole at the end), and without a trailing incomplete UTF-8
+        character or a trailing prefix of ``<tool_call>`` / a stop token's text."""
+        if ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]
+        text = decode(ids)
+        cut = text.find(TOOL_OPEN, max(0, n_sent - len(TOOL_OPEN)))  # the text sent holds no tool call
+        if cut >= 0:
+            return text[:cut].rstrip("\ufffd")
+        text = text.rstrip("\ufffd")
+        held = max((k for m in self._held_markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
+        return text[: len(text) - held]
+
+    def _prepare(self, session: str, conv: Conversation, protocol: str) -> _Call:
         if conv.temperature < 0 or not 0 < conv.top_p <= 1:
             raise InvalidRequest(
                 f"temperature must be >= 0 (0 = greedy) and top_p in (0, 1]; got {conv.temperature}, {conv.top_p}",
@@ -168,35 +369,39 @@ class Gateway:
             stop_token_ids=self.stop_ids,
             return_routed_experts=self.config.return_routed_experts,
         )
-        traj = await self.driver.generate(Request(rid, input_ids, params, group_id=session))
+        cid = f"{zlib.crc32(rid.encode()):08x}{n:06d}"
+        return _Call(Request(rid, input_ids, params, group_id=session), cid, m, (delta_text, delta_ids), conv, protocol)
+
+    def _capture(self, call: _Call, traj: Trajectory) -> Generation:
+        """Store the engine's exact ids, logprobs, versions and experts, then parse the output."""
         out_ids = list(traj.token_ids)
-        # Capture first: the exact ids, logprobs, versions and experts, before any decoding/envelope.
         resp_text = self.tokenizer.decode(out_ids, skip_special_tokens=False)
         finish = "length" if traj.finish_reason == "length" else "stop"
         content = resp_text
         if out_ids and out_ids[-1] in self.stop_ids:
             content = self.tokenizer.decode(out_ids[:-1], skip_special_tokens=False)
-        cid = f"{zlib.crc32(rid.encode()):08x}{n:06d}"
-        body, calls, well_formed = parse_output(content, finish, cid)
+        body, calls, well_formed = parse_output(content, finish, call.call_id)
         if calls:
             finish = "tool_calls"
+        session = call.request.group_id
         self.store.record_call(
-            cid,
+            call.call_id,
             session,
-            m.node,
-            (delta_text, delta_ids),
+            call.match.node,
+            call.delta,
             (resp_text, out_ids, list(traj.logprobs), list(traj.versions), traj.routed_experts),
             finish,
-            protocol,
+            call.protocol,
             meta={
-                "request_id": rid,
+                "request_id": call.request.request_id,
                 "well_formed": well_formed,
-                "tools": [t["function"]["name"] for t in conv.tools],
+                "tools": [t["function"]["name"] for t in call.conv.tools],
                 "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls],
             },
-            fork=m.fork,
+            fork=call.match.fork,
         )
-        return Generation(body, calls, finish, len(input_ids), len(out_ids), well_formed, cid)
+        n_prompt = len(call.request.prompt_ids)
+        return Generation(body, calls, finish, n_prompt, len(out_ids), well_formed, call.call_id)
 
 
 class InvalidRequest(ValueError):
@@ -229,14 +434,16 @@ def build_app(gateway: Gateway):
     app.state.gateway = gateway
     default_max = gateway.config.default_max_tokens
 
-    def stream(events) -> StreamingResponse:
-        return StreamingResponse(sse(events), media_type="text/event-stream")
+    def stream(events, error) -> StreamingResponse:
+        return StreamingResponse(sse(events, error), media_type="text/event-stream")
 
     async def run(req: HttpRequest, sid: str | None, parse, protocol: str):
+        """(Generation or, for ``stream: true``, GenerationStream; conversation; body; error response or None)."""
         body = await req.json()
         conv = parse(body, default_max)
+        call = gateway.stream if conv.stream else gateway.generate
         try:
-            g = await gateway.generate(session_of(req.headers, sid), conv, protocol)
+            g = await call(session_of(req.headers, sid), conv, protocol)
         except InvalidRequest as e:
             err = {"type": "invalid_request_error", "message": str(e), "code": e.code}
             if protocol == "messages":
@@ -250,7 +457,7 @@ def build_app(gateway: Gateway):
             return err
         if conv.stream:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return stream(chat_events(g, conv.model, usage))
+            return stream(chat_events(g, conv.model, usage), chat_error)
         return JSONResponse(chat_response(g, conv.model))
 
     async def responses(req: HttpRequest, sid: str | None = None):
@@ -258,14 +465,18 @@ def build_app(gateway: Gateway):
         if err is not None:
             return err
         return (
-            stream(responses_events(g, conv.model)) if conv.stream else JSONResponse(responses_response(g, conv.model))
+            stream(responses_events(g, conv.model), responses_error)
+            if conv.stream
+            else JSONResponse(responses_response(g, conv.model))
         )
 
     async def messages(req: HttpRequest, sid: str | None = None):
         g, conv, _, err = await run(req, sid, parse_messages, "messages")
         if err is not None:
             return err
-        return stream(messages_events(g, conv.model)) if conv.stream else JSONResponse(messages_response(g, conv.model))
+        if conv.stream:
+            return stream(messages_events(g, conv.model), messages_error)
+        return JSONResponse(messages_response(g, conv.model))
 
     async def count_tokens(req: HttpRequest, sid: str | None = None):
         return {"input_tokens": gateway.count_tokens(parse_messages(await req.json(), default_max))}

@@ -1,25 +1,44 @@
 """Protocol adapters: OpenAI Chat Completions, OpenAI Responses, Anthropic Messages.
 
 Each protocol has ``parse_*`` (request JSON → ``Conversation``), ``*_response`` (``Generation`` → the
-non-streaming JSON body) and ``*_events`` (``Generation`` → its SSE stream, as ``(event, data)`` pairs;
-``event`` None = a bare ``data:`` line). Shapes follow the vendors' docs (see
+non-streaming JSON body) and ``*_events`` (a ``GenerationStream`` → its SSE stream, as an async iterator of
+``(event, data)`` pairs; ``event`` None = a bare ``data:`` line). Shapes follow the vendors' docs (see
 ``shared/research/rl-systems.md`` §3) and are checked by the official SDKs' typed parsers in the tests.
-The stream is produced after generation finishes (as slime does): the deltas are the generated text
-cut into pieces, so a harness sees a normal stream while the engine batches freely.
+
+Streams are incremental: the opening events go out at once, each text delta as soon as the engine's tokens
+decode to final text (``Gateway.stream``), and the text block/item opens with the first delta. Tool calls (whole,
+after parsing the complete output; their arguments cut into ``PIECE``-character deltas), the finish reason and
+usage are sent when generation ends, after the call has been captured in the trace store.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from posttrain.agentic.chat import Conversation, Generation, assistant_message, canonical_tool, text_of
+from posttrain.agentic.chat import (
+    Conversation,
+    Generation,
+    GenerationStream,
+    assistant_message,
+    canonical_tool,
+    text_of,
+)
 
 PIECE = 16
-"""Characters per streamed text/argument delta."""
+"""Characters per streamed tool-call argument delta."""
+
+Events = AsyncIterator[tuple[str | None, Any]]
+log = logging.getLogger(__name__)
+
+
+def _opening(s: GenerationStream) -> Generation:
+    """What is known of a streaming call before its first token (for the protocols' opening envelopes)."""
+    return Generation("", [], "stop", s.prompt_tokens, 0, call_id=s.call_id)
 
 
 def _pieces(s: str) -> list[str]:
@@ -90,9 +109,9 @@ def _chat_usage(g: Generation) -> dict[str, int]:
     }
 
 
-def chat_events(g: Generation, model: str, include_usage: bool) -> Iterator[tuple[str | None, Any]]:
+async def chat_events(s: GenerationStream, model: str, include_usage: bool) -> Events:
     base = {
-        "id": "chatcmpl-" + g.call_id,
+        "id": "chatcmpl-" + s.call_id,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
@@ -102,9 +121,9 @@ def chat_events(g: Generation, model: str, include_usage: bool) -> Iterator[tupl
         return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
 
     yield None, chunk({"role": "assistant", "content": ""})
-    if g.text:
-        for p in _pieces(g.text):
-            yield None, chunk({"content": p})
+    async for delta in s:
+        yield None, chunk({"content": delta})
+    g = s.generation
     for i, c in enumerate(g.tool_calls):
         head = {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
         yield None, chunk({"tool_calls": [head]})
@@ -210,7 +229,7 @@ def responses_response(g: Generation, model: str, status: str | None = None, out
     }
 
 
-def responses_events(g: Generation, model: str) -> Iterator[tuple[str | None, Any]]:
+async def responses_events(s: GenerationStream, model: str) -> Events:
     seq = 0
 
     def ev(kind: str, **data: Any) -> tuple[str, dict[str, Any]]:
@@ -219,39 +238,35 @@ def responses_events(g: Generation, model: str) -> Iterator[tuple[str | None, An
         seq += 1
         return out
 
-    yield ev("response.created", response=responses_response(g, model, "in_progress", []))
-    yield ev("response.in_progress", response=responses_response(g, model, "in_progress", []))
+    opening = responses_response(_opening(s), model, "in_progress", [])
+    yield ev("response.created", response=opening)
+    yield ev("response.in_progress", response=opening)
+    msg_id = "msg_" + s.call_id  # the message item is output 0 whenever there is one (``_responses_items``)
+    where = dict(item_id=msg_id, output_index=0, content_index=0)
+
+    def open_message() -> list[tuple[str, dict[str, Any]]]:
+        item = {"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []}
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return [
+            ev("response.output_item.added", output_index=0, item=item),
+            ev("response.content_part.added", **where, part=part),
+        ]
+
+    opened = False
+    async for delta in s:
+        if not opened:
+            for e in open_message():
+                yield e
+            opened = True
+        yield ev("response.output_text.delta", **where, delta=delta, logprobs=[])
+    g = s.generation
     for oi, item in enumerate(_responses_items(g)):
         if item["type"] == "message":
-            yield ev(
-                "response.output_item.added", output_index=oi, item={**item, "status": "in_progress", "content": []}
-            )
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            yield ev("response.content_part.added", item_id=item["id"], output_index=oi, content_index=0, part=part)
-            for p in _pieces(g.text) if g.text else []:
-                yield ev(
-                    "response.output_text.delta",
-                    item_id=item["id"],
-                    output_index=oi,
-                    content_index=0,
-                    delta=p,
-                    logprobs=[],
-                )
-            yield ev(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=oi,
-                content_index=0,
-                text=g.text,
-                logprobs=[],
-            )
-            yield ev(
-                "response.content_part.done",
-                item_id=item["id"],
-                output_index=oi,
-                content_index=0,
-                part=item["content"][0],
-            )
+            if not opened:
+                for e in open_message():
+                    yield e
+            yield ev("response.output_text.done", **where, text=g.text, logprobs=[])
+            yield ev("response.content_part.done", **where, part=item["content"][0])
         else:
             yield ev(
                 "response.output_item.added", output_index=oi, item={**item, "status": "in_progress", "arguments": ""}
@@ -331,16 +346,25 @@ def messages_response(g: Generation, model: str) -> dict[str, Any]:
     }
 
 
-def messages_events(g: Generation, model: str) -> Iterator[tuple[str | None, Any]]:
-    start = messages_response(g, model)
-    start.update(content=[], stop_reason=None, usage={"input_tokens": g.prompt_tokens, "output_tokens": 0})
+async def messages_events(s: GenerationStream, model: str) -> Events:
+    start = messages_response(_opening(s), model)
+    start.update(content=[], stop_reason=None, usage={"input_tokens": s.prompt_tokens, "output_tokens": 0})
     yield "message_start", {"type": "message_start", "message": start}
+    text_start = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    opened = False  # the text block is block 0 whenever there is one (``_blocks``)
+    async for delta in s:
+        if not opened:
+            yield "content_block_start", text_start
+            opened = True
+        yield (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": delta}},
+        )
+    g = s.generation
     for i, b in enumerate(_blocks(g)):
         if b["type"] == "text":
-            yield "content_block_start", {"type": "content_block_start", "index": i, "content_block": {**b, "text": ""}}
-            for p in _pieces(b["text"]) if b["text"] else []:
-                delta = {"type": "text_delta", "text": p}
-                yield "content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}
+            if not opened:
+                yield "content_block_start", text_start
         else:
             yield (
                 "content_block_start",
@@ -361,8 +385,38 @@ def messages_events(g: Generation, model: str) -> Iterator[tuple[str | None, Any
     yield "message_stop", {"type": "message_stop"}
 
 
-def sse(events: Iterator[tuple[str | None, Any]]) -> Iterator[str]:
-    """Server-sent-event framing: ``event: NAME`` (when named) + one ``data:`` line + a blank line."""
-    for name, data in events:
-        payload = data if isinstance(data, str) else json.dumps(data)
-        yield (f"event: {name}\n" if name else "") + f"data: {payload}\n\n"
+# -- Errors during a stream ----------------------------------------------------------------------------
+# The HTTP status (200) is gone once a stream has begun; each protocol then reports a failure in-band.
+def chat_error(message: str, _n_sent: int) -> tuple[str | None, Any]:
+    """A ``data:`` object with ``error`` (the openai SDK raises ``APIError`` on it)."""
+    return None, {"error": {"message": message, "type": "server_error", "param": None, "code": "server_error"}}
+
+
+def responses_error(message: str, n_sent: int) -> tuple[str | None, Any]:
+    """The Responses ``error`` event (its ``sequence_number`` continues the stream's)."""
+    data = {"type": "error", "code": "server_error", "message": message, "param": None, "sequence_number": n_sent}
+    return "error", data
+
+
+def messages_error(message: str, _n_sent: int) -> tuple[str | None, Any]:
+    """Anthropic's ``error`` event (the anthropic SDK raises an API error on it)."""
+    return "error", {"type": "error", "error": {"type": "api_error", "message": message}}
+
+
+def _frame(name: str | None, data: Any) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data)
+    return (f"event: {name}\n" if name else "") + f"data: {payload}\n\n"
+
+
+async def sse(events: Events, error: Callable[[str, int], tuple[str | None, Any]]) -> AsyncIterator[str]:
+    """Server-sent-event framing: ``event: NAME`` (when named) + one ``data:`` line + a blank line. A failure while
+    streaming (e.g. the engine's) is logged with its traceback and ends the stream with ``error(message, n_sent)``,
+    the protocol's own error event, so the harness gets an API error instead of a cut connection."""
+    n_sent = 0
+    try:
+        async for name, data in events:
+            yield _frame(name, data)
+            n_sent += 1
+    except Exception as e:
+        log.exception("stream failed after %d events", n_sent)
+        yield _frame(*error(f"{type(e).__name__}: {e}", n_sent))

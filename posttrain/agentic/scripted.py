@@ -84,6 +84,7 @@ class ScriptedTokenEngine(QueuedEngine):
             pos = t.n_tokens
             tok = ids[pos] if pos < len(ids) else (p.stop_token_ids[0] if p.stop_token_ids else 0)
             t.append(tok, -0.01 * (pos + 1) - 0.1 * self._version, self._version)
+            out.new_tokens[t.request_id] = [tok]
             if tok in p.stop_token_ids and not p.ignore_eos:
                 t.finish_reason = FINISH_STOP
             elif t.n_tokens >= p.target_length:

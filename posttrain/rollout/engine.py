@@ -34,6 +34,11 @@ class StepOutput:
     """Requests that received a token this step (occupancy = n_decoded / capacity)."""
     n_prefilled_tokens: int = 0
     """Prompt/prefix tokens (re)computed this step (prefill of new and resumed requests)."""
+    new_tokens: dict[str, list[int]] = field(default_factory=dict)
+    """Request id → the ids appended to its trajectory since the previous ``step`` returned, in order (one per
+    step for plain decoding, several for a speculative round or a vLLM poll). Summed over steps they are exactly
+    the trajectory's ``token_ids``; lists are fresh per step (only the new ids, never a copy of the trajectory).
+    Streaming consumers (the agentic gateway) read them; the scheduler does not need them."""
 
 
 @runtime_checkable
@@ -78,7 +83,8 @@ class RolloutEngine(Protocol):
     def step(self) -> StepOutput:
         """One batched decode step: every running request gets exactly one new token (new and resumed
         ones are prefilled first, their first token sampled from the prefill). Finished trajectories
-        are returned and released; the others stay in the engine."""
+        are returned and released; the others stay in the engine. ``new_tokens`` says which ids each
+        request received."""
         ...
 
     def pause(self) -> list[Trajectory]:

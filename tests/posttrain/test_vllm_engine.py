@@ -9,6 +9,7 @@ tokens. What this does NOT exercise: real vLLM scheduling, KV-cache clearing, th
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -190,3 +191,32 @@ def test_abort_hands_back_and_stops_the_request():
     engine.close()
     assert t.finish_reason == "abort" and engine.n_active == 0
     assert any(vid.startswith("a@") for vid in llm.aborted)
+
+
+def test_new_tokens_report_every_folded_id_once_across_a_pause():
+    """``StepOutput.new_tokens`` (what the gateway streams): summed over steps, exactly each trajectory's ids, also
+    when a pause folds outputs in (those are reported by the next step)."""
+    llm, sent = FakeAsyncLLM(), []
+    engine = make_engine(llm, sent)
+    params = SamplingParams(max_new_tokens=120, forced_length=120)
+    engine.submit([Request(f"n{i}", [1] * (i + 1), replace(params, seed=i)) for i in range(3)])
+    reported: dict[str, list[int]] = {f"n{i}": [] for i in range(3)}
+    finished = {}
+    try:
+        for k in range(2000):
+            out = engine.step()
+            for rid, ids in out.new_tokens.items():
+                reported[rid] += ids
+            finished.update((t.request_id, t) for t in out.finished)
+            if k == 2:
+                time.sleep(0.01)  # outputs pile up in the engine's queue: the pause folds them in
+                paused = engine.pause()
+                assert any(len(reported[t.request_id]) < t.n_tokens for t in paused)  # folded, not reported yet
+                engine.resume(paused)
+            if len(finished) == 3:
+                break
+    finally:
+        engine.close()
+    assert len(finished) == 3
+    for rid, t in finished.items():
+        assert t.n_tokens == 120 and reported[rid] == t.token_ids

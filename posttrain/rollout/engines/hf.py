@@ -85,6 +85,7 @@ class HFEngine(QueuedEngine):
         self._sample(rows)
         self.steps += 1
         out.n_decoded = len(self._running)
+        out.new_tokens = {r.traj.request_id: r.traj.token_ids[-1:] for r in self._running}
         keep = []
         for r in self._running:
             if r.traj.finished:

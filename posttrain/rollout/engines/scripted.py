@@ -103,6 +103,7 @@ class ScriptedEngine(QueuedEngine):
             last = pos + 1 == length
             tok = self.stop_token if (last and length < limit and self.stop_token >= 0) else scripted_token(t, pos)
             t.append(tok, scripted_logprob(pos, self._version), self._version)
+            out.new_tokens[t.request_id] = [tok]
             if last:
                 t.finish_reason = FINISH_STOP if length < limit else FINISH_LENGTH
                 out.finished.append(t)

@@ -183,10 +183,12 @@ class SpeculativeEngine(QueuedEngine):
         for r in self._running:
             kk = min(self.k, r.traj.remaining - 1)
             groups.setdefault((_kv_len(r.kv_p), _kv_len(r.kv_d), kk), []).append(r)
+        before = [r.traj.n_tokens for r in self._running]
         for (_, _, kk), rs in groups.items():
             self._round(rs, kk)
         self.steps += 1
         out.n_decoded = len(self._running)
+        out.new_tokens = {r.traj.request_id: r.traj.token_ids[n:] for r, n in zip(self._running, before)}
         keep = []
         for r in self._running:
             if r.traj.finished:

@@ -282,7 +282,8 @@ class VLLMEngine:
     """``RolloutEngine`` over vLLM's ``AsyncLLM``, run on a private event-loop thread (see the module docstring).
 
     ``step()`` is a poll: it waits for at least one new output, folds every output that arrived into its
-    trajectory, and returns the finished ones. ``n_decoded`` counts requests that received tokens.
+    trajectory, and returns the finished ones. ``n_decoded`` counts requests that received tokens, ``new_tokens``
+    holds their new ids (ids folded in by a ``pause`` are reported by the next ``step``).
     """
 
     def __init__(
@@ -300,6 +301,7 @@ class VLLMEngine:
         self._launches: dict[str, Launch] = {}  # running in vLLM
         self._parked: dict[str, tuple[Launch, int, int]] = {}  # request_id → (launch, n_tokens, attempt) at pause
         self._finished_late: list[Trajectory] = []  # finished while pausing; handed out by the next step()
+        self._new_late: dict[str, list[int]] = {}  # ids folded in while pausing; reported by the next step()
         self._paused = False
         self._n_launched = 0
         self.resubmissions = 0
@@ -348,7 +350,7 @@ class VLLMEngine:
 
     def pause(self) -> list[Trajectory]:
         self._run(self._llm.pause_generation(mode="keep", clear_cache=True))
-        self._drain(block=False, finished=self._finished_late)
+        self._drain(block=False, finished=self._finished_late, new_tokens=self._new_late)
         self._paused = True
         out = []
         for launch in self._launches.values():
@@ -386,9 +388,9 @@ class VLLMEngine:
         self._version = int(version)
 
     def step(self) -> StepOutput:
-        out = StepOutput(finished=self._finished_late)
-        self._finished_late = []
-        advanced = self._drain(block=True, finished=out.finished)
+        out = StepOutput(finished=self._finished_late, new_tokens=self._new_late)
+        self._finished_late, self._new_late = [], {}
+        advanced = self._drain(block=True, finished=out.finished, new_tokens=out.new_tokens)
         out.n_decoded = len(advanced)
         return out
 
@@ -436,7 +438,7 @@ class VLLMEngine:
 
         asyncio.run_coroutine_threadsafe(consume(), self._loop)
 
-    def _drain(self, block: bool, finished: list[Trajectory]) -> set[str]:
+    def _drain(self, block: bool, finished: list[Trajectory], new_tokens: dict[str, list[int]]) -> set[str]:
         advanced: set[str] = set()
         timeout = self.config.poll_timeout_s if block and self._launches else None
         while True:
@@ -451,8 +453,10 @@ class VLLMEngine:
             launch = self._launches.get(vid)
             if launch is None:  # an aborted or parked request's late output
                 continue
-            if apply_completion(launch, payload):
+            n_new = apply_completion(launch, payload)
+            if n_new:
                 advanced.add(vid)
+                new_tokens.setdefault(launch.traj.request_id, []).extend(launch.traj.token_ids[-n_new:])
             if launch.traj.finished:
                 del self._launches[vid]
                 finished.append(launch.traj)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import anthropic  # posttrain extra: a missing SDK must fail, not skip
 import httpx
@@ -390,3 +391,220 @@ def test_temperature_zero_is_greedy_and_bad_sampling_is_a_400(tok):
         for t in a.token_ids:
             assert t == int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
             ids.append(t)
+
+
+# -- Incremental streaming -----------------------------------------------------------------------------
+STREAM_TEXT = "The tests pass now and the code is fixed, so calc.py adds."
+
+
+def test_streams_are_incremental_through_the_sdks(tok):
+    """Real HTTP (uvicorn on 127.0.0.1; httpx's ASGI transport buffers whole bodies) and an engine that takes 50 ms a
+    step: through each SDK's stream the first text delta arrives after a few steps, not after the whole call, the
+    deltas concatenate to the final text (tool call parsed at the end), and the trace holds the engine's ids."""
+    from posttrain.agentic.gateway import ServerThread
+
+    script = Script(tok)
+    engine = ScriptedTokenEngine(script, step_delay_s=0.05)
+    gw, _ = make_gateway(tok, engine)
+    n_tokens = len(tok.encode(STREAM_TEXT, add_special_tokens=False)) + 1
+    assert 15 <= n_tokens <= 30
+    small = {"path": "calc.py"}
+    tool_reply = STREAM_TEXT + '<tool_call>{"name": "write_file", "arguments": ' + json.dumps(small) + "}</tool_call>"
+    script.replies = {"inc-chat": [tool_reply], "inc-resp": [STREAM_TEXT], "inc-anth": [STREAM_TEXT]}
+    msgs = [{"role": "user", "content": "Fix calc.py"}]
+    timings = {}
+
+    async def timed(name, events, text_of_event):
+        t0 = time.perf_counter()
+        first, deltas = None, []
+        async for ev in events:
+            d = text_of_event(ev)
+            if d:
+                first = first or time.perf_counter() - t0
+                deltas.append(d)
+        timings[name] = (first, time.perf_counter() - t0, len(deltas))
+        return "".join(deltas)
+
+    async def go(url):
+        oa = openai.AsyncOpenAI(base_url=url + "/v1", api_key="inc-chat")
+        stream = await oa.chat.completions.create(model="m", messages=msgs, tools=TOOLS_OPENAI, stream=True)
+        calls = []
+
+        def chat_text(chunk):
+            if chunk.choices and chunk.choices[0].delta.tool_calls:
+                calls.append(chunk.choices[0].delta.tool_calls[0])
+            return chunk.choices[0].delta.content if chunk.choices else None
+
+        assert await timed("chat", stream, chat_text) == STREAM_TEXT
+        assert calls[0].function.name == "write_file"
+        assert json.loads("".join(c.function.arguments for c in calls)) == small
+
+        oa = openai.AsyncOpenAI(base_url=url + "/v1", api_key="inc-resp")
+        async with oa.responses.stream(model="m", input="Fix calc.py") as s:
+            text = await timed("responses", s, lambda e: e.delta if e.type == "response.output_text.delta" else None)
+            final = await s.get_final_response()
+        assert text == final.output_text == STREAM_TEXT
+
+        an = anthropic.AsyncAnthropic(base_url=url, api_key="inc-anth")
+        async with an.messages.stream(model="m", max_tokens=64, messages=msgs) as s:
+            text = await timed("messages", s, lambda e: e.delta.text if e.type == "content_block_delta" else None)
+            final = await s.get_final_message()
+        assert text == final.content[0].text == STREAM_TEXT and final.usage.output_tokens == n_tokens
+
+    with ServerThread(build_app(gw)) as url:
+        run(go(url))
+    for name, (first, total, n_deltas) in timings.items():
+        assert total >= n_tokens * 0.05  # the engine really took a step per token
+        assert first < 0.4 * total, (name, first, total)
+        assert n_deltas >= n_tokens // 2, (name, n_deltas)  # text went out as it decoded, not in one piece
+    for sid in script.replies:
+        check_trace(gw, sid, tok)
+
+
+def text_stream(gw, sid, conv):
+    """Drive ``Gateway.stream`` directly: (deltas, Generation)."""
+
+    async def go():
+        s = await gw.stream(sid, conv, "chat")
+        deltas = [d async for d in s]
+        return deltas, s.generation
+
+    return run(go())
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+def test_stream_holds_back_partial_utf8_and_tool_call_starts(tok, incremental):
+    """Byte-level BPE splits 'ï', '数' across tokens and '<' may start '<tool_call>': no delta ever carries a
+    replacement character or tool-call text, and the deltas still add up to the parsed content (decoding only the
+    new ids, and decoding the whole output at every step)."""
+    from posttrain.agentic.chat import Conversation
+
+    gw, script = make_gateway(tok)
+    assert gw.incremental_decode  # the tiny tokenizer is a byte-level BPE
+    gw.incremental_decode = incremental
+    body = "naïve café → 数学 ✓ so a < b and "
+    script.replies = {"u": [body + '<tool_call>{"name": "write_file", "arguments": {"path": "x"}}</tool_call>']}
+    ids = tok.encode(body, add_special_tokens=False)
+    assert any("\ufffd" in tok.decode(ids[:k]) for k in range(1, len(ids)))  # the case really occurs
+    deltas, g = text_stream(gw, "u", Conversation([{"role": "user", "content": "hi"}], tools=[]))
+    assert "".join(deltas) == g.text == body and g.finish == "tool_calls" and g.tool_calls[0].name == "write_file"
+    assert len(deltas) > 10 and not any("\ufffd" in d or "tool" in d for d in deltas)
+    assert not any(d.endswith("<") for d in deltas)  # a lone '<' may begin '<tool_call>': held to the next token
+    (cid,) = gw.store.session_calls["u"]
+    assert gw.store.call_output_ids(cid) == gw.driver.finished[gw.store.calls[cid]["meta"]["request_id"]].token_ids
+
+
+def test_stream_of_a_malformed_tool_call_ends_with_the_held_text(tok):
+    """Text after '<tool_call>' is held; when the call does not parse, the whole output is content and the held
+    rest goes out as the last delta (still before the finish)."""
+    from posttrain.agentic.chat import Conversation
+
+    gw, script = make_gateway(tok)
+    reply = "Trying.<tool_call>{not json}</tool_call>"
+    script.replies = {"m": [reply]}
+    deltas, g = text_stream(gw, "m", Conversation([{"role": "user", "content": "hi"}]))
+    assert g.text == reply and not g.tool_calls and not g.well_formed and g.finish == "stop"
+    assert "".join(deltas) == reply and deltas[-1] == "<tool_call>{not json}</tool_call>"
+
+
+class SilentEngine(ScriptedTokenEngine):
+    """Emits tokens but does not report them in ``new_tokens`` (a broken engine: negative control)."""
+
+    def step(self):
+        out = super().step()
+        out.new_tokens = {}
+        return out
+
+
+def test_stream_fails_loudly_when_the_engine_does_not_report_its_ids(tok):
+    from posttrain.agentic.chat import Conversation
+
+    script = Script(tok)
+    gw, _ = make_gateway(tok, SilentEngine(script))
+    script.replies = {"x": ["hello there"]}
+    with pytest.raises(RuntimeError, match="reported 0 new ids"):
+        text_stream(gw, "x", Conversation([{"role": "user", "content": "hi"}]))
+
+
+def test_streaming_bad_sampling_is_a_400_and_frees_the_session(tok):
+    gw, script = make_gateway(tok)
+    script.replies["b"] = ["fine"]
+    oa, an = clients(gw, "b")
+
+    async def go():
+        msgs = [{"role": "user", "content": "hi"}]
+        with pytest.raises(openai.BadRequestError, match="invalid_sampling_parameters"):
+            await oa.chat.completions.create(model="m", messages=msgs, temperature=-1, stream=True)
+        with pytest.raises(anthropic.BadRequestError, match="invalid_sampling_parameters"):
+            await an.messages.create(
+                model="m", max_tokens=8, messages=msgs, stream=True, extra_body={"temperature": -1}
+            )
+        stream = await oa.chat.completions.create(model="m", messages=msgs, stream=True)  # the lock was released
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    assert run(go()) == "fine"
+
+
+class BreakingEngine(ScriptedTokenEngine):
+    """Fails (and drops its requests) once a request has 3 tokens: a stream that has already begun."""
+
+    def step(self):
+        out = super().step()
+        if any(t.n_tokens >= 3 for t, _ in self._running):
+            self._running = []
+            raise RuntimeError("engine broke")
+        return out
+
+
+def test_a_failure_mid_stream_is_each_protocols_error_event(tok):
+    """The status line (200) is already sent: the failure arrives as the protocol's own error event, which the
+    SDKs raise as API errors (Responses yields its ``error`` event), and the session stays usable."""
+    script = Script(tok)
+    gw, _ = make_gateway(tok, BreakingEngine(script))
+    script.replies["e"] = ["one two three four five six seven eight"] * 3
+    oa, an = clients(gw, "e")
+    msgs = [{"role": "user", "content": "hi"}]
+
+    async def go():
+        stream = await oa.chat.completions.create(model="m", messages=msgs, stream=True)
+        with pytest.raises(openai.APIError, match="engine broke"):
+            async for _ in stream:
+                pass
+        stream = await oa.responses.create(model="m", input="hi", stream=True)
+        events = [e async for e in stream]
+        assert events[-1].type == "error" and "engine broke" in events[-1].message
+        assert events[-1].sequence_number == events[-2].sequence_number + 1
+        stream = await an.messages.create(model="m", max_tokens=32, messages=msgs, stream=True)
+        with pytest.raises(anthropic.APIError, match="engine broke"):
+            async for _ in stream:
+                pass
+
+    run(go())
+    assert not gw.store.session_calls.get("e")  # a failed call is not captured
+
+
+def test_a_tool_call_without_text_streams_no_text_block(tok):
+    """Nothing before ``<tool_call>``: the streams open no text block/item, the call is block/item/index 0."""
+    gw, script = make_gateway(tok)
+    only_call = '<tool_call>{"name": "write_file", "arguments": ' + json.dumps(ARGS) + "}</tool_call>"
+    script.replies = {"t": [only_call] * 3}
+    oa, an = clients(gw, "t")
+    msgs = [{"role": "user", "content": "Fix calc.py"}]
+
+    async def go():
+        async with oa.chat.completions.stream(model="m", messages=msgs, tools=TOOLS_OPENAI) as s:
+            texts = [e.delta async for e in s if e.type == "content.delta"]
+            done = await s.get_final_completion()
+        assert not "".join(texts) and not done.choices[0].message.content  # only the opening chunk's ""
+        assert json.loads(done.choices[0].message.tool_calls[0].function.arguments) == ARGS
+        async with oa.responses.stream(model="m", input="Fix calc.py", tools=TOOLS_RESP) as s:
+            kinds = [e.type async for e in s]
+            r = await s.get_final_response()
+        assert "response.output_text.delta" not in kinds and [o.type for o in r.output] == ["function_call"]
+        async with an.messages.stream(model="m", max_tokens=128, messages=msgs, tools=TOOLS_ANTH) as s:
+            kinds = [e.type async for e in s]
+            m = await s.get_final_message()
+        assert "text" not in kinds and [b.type for b in m.content] == ["tool_use"] and m.content[0].input == ARGS
+
+    run(go())
+    check_trace(gw, "t", tok)
