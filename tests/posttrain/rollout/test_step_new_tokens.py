@@ -7,27 +7,18 @@ Summed over the steps of a request (across a pause/resume too) they must equal t
 from __future__ import annotations
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from posttrain.agentic.scripted import ScriptedTokenEngine
 from posttrain.rollout.engines.hf import HFEngine
 from posttrain.rollout.engines.scripted import ScriptedEngine
 from posttrain.rollout.engines.speculative import SpeculativeEngine
 from posttrain.rollout.types import Request, SamplingParams
+from posttrain.tiny_lm import causal_lm
 
 
-def tiny(seed: int, vocab: int = 24, hidden: int = 32) -> Qwen2ForCausalLM:
+def tiny(seed: int, vocab: int = 24, hidden: int = 32) -> torch.nn.Module:
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    return Qwen2ForCausalLM(cfg).eval()
+    return causal_lm(vocab_size=vocab, hidden_size=hidden)
 
 
 def requests(n: int, max_new: int = 12) -> list[Request]:
