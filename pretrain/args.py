@@ -6,10 +6,10 @@ python -m pretrain.train --help
 from __future__ import annotations
 
 import argparse
-import ast
 from typing import Any
 
-from pretrain.config import RECIPES, TrainConfig, with_overrides
+from formats.overrides import parse_sets, with_overrides
+from pretrain.config import RECIPES, TrainConfig
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -58,12 +58,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     ):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
-    for item in args.set:
-        key, _, raw = item.partition("=")
-        try:
-            overrides[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            overrides[key] = raw
+    overrides.update(parse_sets(args.set))
     return with_overrides(cfg, overrides)
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from formats.overrides import with_overrides
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -162,7 +164,7 @@ def debug(shards: str = "out", models: str = "tiny", **overrides: Any) -> TrainC
         optim=OptimConfig(lr=2e-3, warmup_steps=5, decay_steps=200, weight_decay=0.0),
         max_steps=50,
     )
-    return _replace(cfg, overrides)
+    return with_overrides(cfg, overrides)
 
 
 def small(shards: str = "out", models: str = "tiny", **overrides: Any) -> TrainConfig:
@@ -186,25 +188,7 @@ def small(shards: str = "out", models: str = "tiny", **overrides: Any) -> TrainC
         precision="bf16",
         save_every=1000,
     )
-    return _replace(cfg, overrides)
+    return with_overrides(cfg, overrides)
 
 
 RECIPES: dict[str, Callable[..., TrainConfig]] = {"debug": debug, "small": small}
-
-
-def _replace(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
-    """Apply ``section.field=value`` or top-level ``field=value`` overrides (``data.seq_len=64``)."""
-    from dataclasses import replace
-
-    for key, value in overrides.items():
-        if "." in key:
-            section, name = key.split(".", 1)
-            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **{name: value})})
-        else:
-            cfg = replace(cfg, **{key: value})
-    return cfg
-
-
-def with_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
-    """Public form of the override rule the CLI uses."""
-    return _replace(cfg, overrides)

@@ -15,7 +15,6 @@ interface: on a shared host run it inside a loopback-only namespace.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import sys
 
@@ -63,19 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from posttrain.memdec.config import RECIPES, with_overrides
+    from pipelines.cli.options import apply_sets
+    from posttrain.memdec.config import RECIPES
 
-    cfg = RECIPES[args.config](work_dir=args.work_dir)
-    overrides = {}
-    for item in args.set:
-        key, eq, raw = item.partition("=")
-        if not eq:
-            raise ValueError(f"--set takes KEY=VALUE, got {item!r}")
-        try:
-            overrides[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            overrides[key] = raw
-    return with_overrides(cfg, overrides)
+    return apply_sets(RECIPES[args.config](work_dir=args.work_dir), args.set)
 
 
 def open_store(cfg):

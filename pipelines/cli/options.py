@@ -7,12 +7,12 @@
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import sys
-import typing
 from collections.abc import Sequence
 from typing import Any
+
+from formats.overrides import parse_sets, with_overrides
 
 
 def default(cls: type, name: str) -> Any:
@@ -37,38 +37,12 @@ def add_set(p: argparse.ArgumentParser, example: str) -> None:
     )
 
 
-def _coerce(raw: str) -> Any:
-    try:
-        return ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw  # a bare word: a string
-
-
-def _set_path(cfg: Any, path: Sequence[str], value: Any, full: str) -> Any:
-    if not dataclasses.is_dataclass(cfg):
-        raise ValueError(f"--set {full}: {'.'.join(path)} is not inside a config section")
-    names = {f.name: f for f in dataclasses.fields(cfg)}
-    head = path[0]
-    if head not in names:
-        raise ValueError(f"--set {full}: {type(cfg).__name__} has no field {head!r} (fields: {', '.join(names)})")
-    if len(path) == 1:
-        hint = typing.get_type_hints(type(cfg)).get(head)
-        if hint is float and isinstance(value, int):
-            value = float(value)
-        return dataclasses.replace(cfg, **{head: value})
-    return dataclasses.replace(cfg, **{head: _set_path(getattr(cfg, head), path[1:], value, full)})
-
-
 def apply_sets(cfg: Any, sets: Sequence[str]) -> Any:
-    """``cfg`` with every ``key=value`` applied (values are Python literals, else strings). A bad key or value
-    exits with status 2 and says which."""
+    """``cfg`` with every ``key=value`` applied by ``formats.overrides`` (the one rule of every area: values are
+    parsed by the field's type). A bad key or value exits with status 2 and says which."""
     try:
-        for item in sets:
-            key, sep, raw = item.partition("=")
-            if not sep or not key:
-                raise ValueError(f"--set {item}: expected KEY=VALUE")
-            cfg = _set_path(cfg, key.split("."), _coerce(raw), item)
-    except (ValueError, TypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        return with_overrides(cfg, parse_sets(sets))
+    except (KeyError, ValueError, TypeError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: --set {msg}", file=sys.stderr)
         raise SystemExit(2) from None
-    return cfg

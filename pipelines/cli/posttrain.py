@@ -112,13 +112,13 @@ def run_agentic_cmd(args: argparse.Namespace) -> int:
 def run_distill(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from pipelines.cli.options import apply_sets
     from posttrain.rl.distill import RECIPES, run
-    from posttrain.rl.recipes import with_overrides
 
     if args.config not in RECIPES:
         print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
         return 2
-    cfg = with_overrides(RECIPES[args.config](), _overrides(args.set))
+    cfg = apply_sets(RECIPES[args.config](), args.set)
     if args.print_config:
         print(json.dumps(dataclasses.asdict(cfg), indent=2))
         return 0
@@ -129,26 +129,15 @@ def run_distill(args: argparse.Namespace) -> int:
     return 0
 
 
-def _overrides(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"error: --set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = value
-    return out
-
-
 def run_rl(args: argparse.Namespace) -> int:
-    from posttrain.rl.recipes import RECIPES, to_dict, with_overrides
+    from pipelines.cli.options import apply_sets
+    from posttrain.rl.recipes import RECIPES, to_dict
 
     if args.config not in RECIPES:
         print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
         return 2
-    overrides = _overrides(args.set)
-    if args.speculative:
-        overrides["speculative.enabled"] = "true"
-    cfg = with_overrides(RECIPES[args.config](), overrides)
+    sets = [*args.set, "speculative.enabled=true"] if args.speculative else args.set
+    cfg = apply_sets(RECIPES[args.config](), sets)
     if args.print_config:
         print(json.dumps(to_dict(cfg), indent=2))
         return 0

@@ -1,6 +1,7 @@
 """Memory Decoder configs: small frozen dataclasses; named runs are functions (``RECIPES``).
 
-    from posttrain.memdec.config import RECIPES, with_overrides
+    from formats.overrides import with_overrides
+    from posttrain.memdec.config import RECIPES
     cfg = with_overrides(RECIPES["debug"]("out/memdec"), {"memory.steps": 50})
 
 Paths left empty resolve under ``work_dir`` (``MemdecConfig.path``), so one ``--work-dir`` places a whole run.
@@ -9,10 +10,11 @@ Paths left empty resolve under ``work_dir`` (``MemdecConfig.path``), so one ``--
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from formats.overrides import with_overrides
 from posttrain.memdec.synthetic import SyntheticConfig
 
 
@@ -195,35 +197,3 @@ def small(work_dir: str = "out/memdec", **overrides: Any) -> MemdecConfig:
 
 
 RECIPES: dict[str, Callable[..., MemdecConfig]] = {"debug": debug, "small": small}
-
-
-def with_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
-    """Apply ``section.field=value`` / ``field=value`` overrides; unknown keys are an error, values are coerced
-    to the field's type where they arrive as strings (``--set memory.steps=50``)."""
-    for key, value in overrides.items():
-        head, _, rest = key.partition(".")
-        names = {f.name: f for f in fields(cfg)}
-        if head not in names:
-            raise KeyError(f"unknown config key {key!r}; known: {sorted(names)}")
-        current = getattr(cfg, head)
-        if rest:
-            if not is_dataclass(current):
-                raise KeyError(f"{head!r} is not a section, cannot set {key!r}")
-            cfg = replace(cfg, **{head: with_overrides(current, {rest: value})})
-        else:
-            cfg = replace(cfg, **{head: _coerce(value, current)})
-    return cfg
-
-
-def _coerce(value: Any, current: Any) -> Any:
-    if isinstance(value, str) and not isinstance(current, str):
-        import ast
-
-        value = ast.literal_eval(value)
-    if isinstance(current, bool) or current is None:
-        return value
-    if isinstance(current, float) and isinstance(value, int):
-        return float(value)
-    if type(value) is not type(current):
-        raise TypeError(f"expected {type(current).__name__}, got {value!r}")
-    return value

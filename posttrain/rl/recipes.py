@@ -4,19 +4,19 @@
 character tokenizer itself, on the toy ``countdown`` task, so ``scifolio posttrain rl --config debug``
 runs on a fresh offline install.
 
-    from posttrain.rl.recipes import debug, with_overrides
+    from formats.overrides import with_overrides
+    from posttrain.rl.recipes import debug
     cfg = with_overrides(debug(), {"steps": "10", "scheduler.partial": "false"})
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from formats.overrides import with_overrides
 from posttrain.rl.learner import LearnerConfig
 from posttrain.rollout.engines.speculative import SpeculativeConfig
 from posttrain.rollout.scheduler import SchedulerConfig
@@ -117,41 +117,6 @@ def small(**overrides: Any) -> RLConfig:
 
 
 RECIPES: dict[str, Callable[..., RLConfig]] = {"debug": debug, "small": small}
-
-
-def _parse(value: Any, typ: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    if value.lower() in ("none", "null") and "None" in str(typ):
-        return None
-    union = typing.get_origin(typ) in (typing.Union, types.UnionType)
-    base = next(a for a in typing.get_args(typ) if a is not type(None)) if union else typ
-    if base is bool:
-        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-            raise ValueError(f"not a boolean: {value!r}")
-        return value.lower() in ("true", "1", "yes")
-    if base in (int, float, str):
-        return base(value)
-    raise ValueError(f"cannot set a field of type {typ} from the command line")
-
-
-def with_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
-    """``{"learner.lr": "1e-3", "steps": 5}`` → a new config; dotted keys reach nested dataclasses.
-
-    String values are parsed by the field's type (``true/false``, numbers, ``none``); unknown keys raise."""
-    for key, value in overrides.items():
-        head, _, rest = key.partition(".")
-        fields = {f.name: f for f in dataclasses.fields(cfg)}
-        if head not in fields:
-            raise KeyError(f"{type(cfg).__name__} has no field {head!r} (fields: {', '.join(fields)})")
-        current = getattr(cfg, head)
-        if rest:
-            new = with_overrides(current, {rest: value})
-        else:
-            hints = typing.get_type_hints(type(cfg))
-            new = _parse(value, hints[head])
-        cfg = dataclasses.replace(cfg, **{head: new})
-    return cfg
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -9,7 +9,8 @@ import torch
 
 from posttrain.rl.learner import Learner, LearnerConfig
 from posttrain.rl.loop import build_policy, sampling_params
-from posttrain.rl.recipes import debug, with_overrides
+from formats.overrides import with_overrides
+from posttrain.rl.recipes import debug
 from posttrain.rl.task import JsonlTask, TaskSource, countdown_rows, prefix_credit
 from posttrain.rollout.engines.hf import HFEngine
 from posttrain.rollout.scheduler import PartialRolloutScheduler, SchedulerConfig
