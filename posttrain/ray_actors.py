@@ -18,8 +18,9 @@ module only places them on a Ray cluster:
   hosting the learner. ``run_steps`` drives them: collect → train → weights to the object store → sync.
 - ``init_ray("local" | ADDRESS)``: start a local Ray in this process or join a cluster.
 
-``scifolio posttrain rl --ray local`` (or ``--ray HOST:PORT``) uses ``init_ray`` + ``RayEngine``; on Kubernetes see
-``infra/ray/README.md``. Ray binds every interface: run tests and local clusters in a loopback-only namespace.
+``scifolio posttrain rl --ray local [--speculative]`` (or ``--ray HOST:PORT``) uses ``init_ray`` + ``RayEngine``
+(``rl_engine_on_ray``); on Kubernetes see ``infra/ray/README.md``. Ray binds every interface: run tests and local
+clusters in a loopback-only namespace.
 
     unshare -n sh -c 'ip link set lo up && exec env PYTHONPATH=$PWD python -m pytest tests/posttrain/test_ray_actors.py'
 """
