@@ -10,12 +10,17 @@ module only places them on a Ray cluster:
   all; a weight update is put in the object store once and every worker reads it from there. Finished and
   paused trajectories come back in admission order, so with per-worker capacity summing to an in-process
   engine's capacity the scheduler sees the same sequence of events as in-process.
+  Over ``SpeculativeEngine`` workers (``SpeculativeEngineFactory``) it also syncs the draft (``update_draft``,
+  object store once, like the policy) and combines the speculative statistics: counters summed, the
+  verification log merged per step into the groups one engine would have batched (``take_round_log``), so the
+  online draft trainer in the driver sees what it sees in-process.
 - ``Coordinator``: an actor hosting the scheduler (with a ``RayEngine`` inside); ``LearnerWorker``: an actor
   hosting the learner. ``run_steps`` drives them: collect → train → weights to the object store → sync.
 - ``init_ray("local" | ADDRESS)``: start a local Ray in this process or join a cluster.
 
-``scifolio posttrain rl --ray local`` (or ``--ray HOST:PORT``) uses ``init_ray`` + ``RayEngine``; on Kubernetes see
-``infra/ray/README.md``. Ray binds every interface: run tests and local clusters in a loopback-only namespace.
+``scifolio posttrain rl --ray local [--speculative]`` (or ``--ray HOST:PORT``) uses ``init_ray`` + ``RayEngine``
+(``rl_engine_on_ray``); on Kubernetes see ``infra/ray/README.md``. Ray binds every interface: run tests and local
+clusters in a loopback-only namespace.
 
     unshare -n sh -c 'ip link set lo up && exec env PYTHONPATH=$PWD python -m pytest tests/posttrain/test_ray_actors.py'
 """
@@ -68,8 +73,10 @@ class _EngineHost:
         torch.set_num_threads(torch_threads)
         self.engine = factory()
 
-    def info(self) -> tuple[int, int, int, str]:
-        return self.engine.version, self.engine.capacity, self.engine.n_active, ray.get_runtime_context().get_node_id()
+    def info(self) -> tuple[int, int, int, str, bool]:
+        e = self.engine
+        node = ray.get_runtime_context().get_node_id()
+        return e.version, e.capacity, e.n_active, node, hasattr(e, "update_draft")
 
     def submit(self, requests: list[Request]) -> None:
         self.engine.submit(requests)
@@ -80,6 +87,13 @@ class _EngineHost:
     def step(self) -> StepOutput:
         return self.engine.step()
 
+    def step_rounds(self) -> tuple[StepOutput, list[tuple[tuple[int, int], tuple[str, ...], list[int]]]]:
+        """A speculative engine's step plus the verification rounds it logged: (KV lengths, ids, n_accepted)."""
+        out = self.engine.step()
+        groups = self.engine.round_groups
+        log = self.engine.take_round_log()
+        return out, [(key, ids, n.tolist()) for (key, ids), n in zip(groups, log, strict=True)]
+
     def pause(self) -> list[Trajectory]:
         return self.engine.pause()
 
@@ -88,6 +102,15 @@ class _EngineHost:
 
     def update_weights(self, state: Mapping[str, Any], version: int) -> None:
         self.engine.update_weights(state, version)
+
+    def update_draft(self, state: Mapping[str, Any], version: int) -> None:
+        self.engine.update_draft(state, version)
+
+    def spec_stats(self) -> dict[str, int]:
+        """A speculative engine's cumulative counters and the draft version it holds."""
+        e = self.engine
+        names = ("rounds", "proposed", "reached", "accepted", "emitted", "draft_version")
+        return {n: int(getattr(e, n)) for n in names}
 
 
 EngineWorker = ray.remote(_EngineHost)
@@ -113,15 +136,21 @@ class RayEngine:
             raise ValueError("RayEngine needs at least one engine worker")
         self.workers = list(workers)
         infos = ray.get([w.info.remote() for w in self.workers])
-        versions = {v for v, _, _, _ in infos}
+        versions = {v for v, _, _, _, _ in infos}
         if len(versions) != 1:
             raise ValueError(f"engine workers start at different versions: {sorted(versions)}")
-        if any(n for _, _, n, _ in infos):
+        if any(n for _, _, n, _, _ in infos):
             raise ValueError("engine workers must start empty")
+        kinds = {spec for _, _, _, _, spec in infos}
+        if len(kinds) != 1:
+            raise ValueError("engine workers mix speculative and plain engines")
+        self.speculative = kinds.pop()
+        """The workers host ``SpeculativeEngine``s: ``update_draft`` and the speculative statistics work."""
         self._version = versions.pop()
-        self._caps = [c for _, c, _, _ in infos]
-        self.nodes = [node for _, _, _, node in infos]
+        self._caps = [c for _, c, _, _, _ in infos]
+        self.nodes = [node for _, _, _, node, _ in infos]
         """Ray node id of each worker (tests check the workers really sit on different nodes)."""
+        self._round_log: list[Any] = []
         self._held: list[set[str]] = [set() for _ in self.workers]
         self._admitted: dict[str, int] = {}
         self._counter = 0
@@ -149,7 +178,12 @@ class RayEngine:
 
     def step(self) -> StepOutput:
         busy = [i for i, h in enumerate(self._held) if h]
-        outs = ray.get([self.workers[i].step.remote() for i in busy])
+        if self.speculative:
+            results = ray.get([self.workers[i].step_rounds.remote() for i in busy])
+            outs = [o for o, _ in results]
+            self._merge_rounds([r for _, rounds in results for r in rounds])
+        else:
+            outs = ray.get([self.workers[i].step.remote() for i in busy])
         merged = StepOutput()
         for i, o in zip(busy, outs, strict=True):
             merged.n_decoded += o.n_decoded
@@ -190,7 +224,70 @@ class RayEngine:
         ray.get([w.update_weights.remote(ref, int(version)) for w in self.workers])
         self._version = int(version)
 
+    # -- speculative workers -------------------------------------------------------------------------------------
+    def update_draft(self, state: Mapping[str, Any] | ray.ObjectRef, version: int) -> None:
+        """The draft's weights into the object store once (or a ref already there); every worker loads them."""
+        self._need_speculative("update_draft")
+        if self.n_active:
+            raise RuntimeError("update_draft while requests are held: pause() first")
+        ref = state if isinstance(state, ray.ObjectRef) else ray.put(dict(state))
+        ray.get([w.update_draft.remote(ref, int(version)) for w in self.workers])
+
+    def take_round_log(self) -> list[Any]:
+        """The merged verification outcomes since the last call (``n_accepted`` tensors, one per batched group)."""
+        self._need_speculative("take_round_log")
+        log, self._round_log = self._round_log, []
+        return log
+
+    def spec_stats(self) -> dict[str, int]:
+        """The workers' counters summed; ``draft_version`` is the one version every worker holds (raises if not)."""
+        self._need_speculative("spec_stats")
+        stats = ray.get([w.spec_stats.remote() for w in self.workers])
+        drafts = {s["draft_version"] for s in stats}
+        if len(drafts) != 1:
+            raise RuntimeError(f"engine workers hold different draft versions: {sorted(drafts)}")
+        total = {k: sum(s[k] for s in stats) for k in stats[0] if k != "draft_version"}
+        return {**total, "draft_version": drafts.pop()}
+
+    @property
+    def acceptance(self) -> float:
+        """Per-position acceptance over all workers: accepted / tested draft tokens (as ``SpeculativeEngine``)."""
+        s = self.spec_stats()
+        return s["accepted"] / max(1, s["reached"])
+
+    @property
+    def emitted(self) -> int:
+        return self.spec_stats()["emitted"]
+
+    @property
+    def rounds(self) -> int:
+        return self.spec_stats()["rounds"]
+
+    @property
+    def draft_version(self) -> int:
+        return self.spec_stats()["draft_version"]
+
+    def _need_speculative(self, what: str) -> None:
+        if not self.speculative:
+            raise RuntimeError(f"{what}: the engine workers are not speculative (use SpeculativeEngineFactory)")
+
+    def _merge_rounds(self, rounds: list[tuple[tuple[int, int], tuple[str, ...], list[int]]]) -> None:
+        """One step's rounds from every worker → the groups one ``SpeculativeEngine`` holding all these requests
+        would have batched: same KV lengths → one group; groups ordered by their earliest-admitted request (one
+        engine groups its running requests, kept in admission order, by first occurrence); members likewise.
+        ``AcceptanceTracker`` folds one EMA update per group, so the grouping, not just the counts, must match."""
+        import torch
+
+        groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for key, ids, n_acc in rounds:
+            groups.setdefault(key, []).extend(zip((self._order_id(r) for r in ids), n_acc, strict=True))
+        for members in sorted(groups.values(), key=min):
+            self._round_log.append(torch.tensor([n for _, n in sorted(members)]))
+
     # -- internals ----------------------------------------------------------------------------------------------
+    def _order_id(self, request_id: str) -> int:
+        return self._admitted.get(request_id, 1 << 62)
+
     def _order(self, t: Trajectory) -> int:
         return self._admitted.get(t.request_id, 1 << 62)
 
@@ -238,6 +335,32 @@ class HFEngineFactory:
         return engine
 
 
+class SpeculativeEngineFactory:
+    """Picklable factory: a ``SpeculativeEngine`` (policy from ``build_model()``, draft from ``build_draft(policy)``,
+    both called on the worker) proposing ``k`` tokens per round, with ``capacity`` slots."""
+
+    def __init__(
+        self,
+        build_model: Callable[[], Any],
+        build_draft: Callable[[Any], Any],
+        k: int,
+        capacity: int,
+        version: int = 0,
+        draft_version: int = 0,
+    ) -> None:
+        self.build_model, self.build_draft, self.k, self.capacity = build_model, build_draft, k, capacity
+        self.version, self.draft_version = version, draft_version
+
+    def __call__(self) -> RolloutEngine:
+        from posttrain.rollout.engines.speculative import SpeculativeEngine
+
+        policy = self.build_model().eval()
+        draft = self.build_draft(policy).eval()
+        return SpeculativeEngine(
+            policy, draft, k=self.k, capacity=self.capacity, version=self.version, draft_version=self.draft_version
+        )
+
+
 class LearnerFactory:
     """Picklable factory: a ``Learner`` on ``build_model()`` (called where the learner lives)."""
 
@@ -258,17 +381,31 @@ def _rl_policy_model(cfg: Any) -> Any:
     return build_policy(cfg)[0]
 
 
+def _rl_draft_model(cfg: Any, policy: Any) -> Any:
+    from posttrain.rl.loop import build_draft
+
+    return build_draft(cfg, policy)
+
+
 def rl_engine_on_ray(
     cfg: Any, address: str, n_workers: int, weights: Mapping[str, Any], version: int, num_cpus: int | None = None
 ) -> RayEngine:
-    """The engine of ``posttrain rl --ray``: start/join Ray, ``n_workers`` HF engines on the run's policy, load
-    ``weights`` at ``version`` (so every worker starts from the learner's exact weights)."""
+    """The engine of ``posttrain rl --ray``: start/join Ray, ``n_workers`` engines on the run's policy (HF, or
+    speculative with the run's draft architecture when ``cfg.speculative.enabled``), load ``weights`` at
+    ``version`` (so every worker starts from the learner's exact weights). A speculative engine's draft weights
+    come from the driver's draft trainer next (``RayEngine.update_draft``)."""
     import functools
 
     if not ray.is_initialized():
         init_ray(address, num_cpus=num_cpus if num_cpus is not None else (n_workers if address == "local" else None))
     per_worker = max(1, cfg.engine_capacity // n_workers)
-    engine = ray_rollout_engine(HFEngineFactory(functools.partial(_rl_policy_model, cfg), per_worker), n_workers)
+    build_model = functools.partial(_rl_policy_model, cfg)
+    if cfg.speculative.enabled:
+        build_draft = functools.partial(_rl_draft_model, cfg)
+        factory: EngineFactory = SpeculativeEngineFactory(build_model, build_draft, cfg.speculative.k, per_worker)
+    else:
+        factory = HFEngineFactory(build_model, per_worker)
+    engine = ray_rollout_engine(factory, n_workers)
     engine.update_weights(weights, version)
     return engine
 

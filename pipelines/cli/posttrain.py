@@ -5,6 +5,7 @@
     scifolio posttrain rl --config debug --out runs/rl --set steps=10 --set scheduler.partial=false
     scifolio posttrain rl --config debug --out runs/rl --ray local --engine-workers 2
     scifolio posttrain rl --config debug --out runs/rl --speculative --set speculative.k=4   # draft trained online
+    scifolio posttrain rl --config debug --out runs/rl --ray local --speculative   # draft synced to the Ray workers
     scifolio posttrain rl --config small --out runs/rl --set policy.path=/models/qwen --set task.jsonl=train.jsonl
     scifolio posttrain distill --config debug --out runs/opd                  # two-teacher on-policy distillation
 

@@ -8,7 +8,7 @@ positions are cut into windows of K consecutive tokens; position j of a window s
 of a round. The draft's weights are versioned (``version``) and synced to the engine like the policy's.
 
     from posttrain.rl.draft import DraftTrainer
-    dt = DraftTrainer(draft, SpeculativeConfig(enabled=True)); dt.observe(engine.round_log); dt.update(trajs, policy)
+    dt = DraftTrainer(draft, SpeculativeConfig(enabled=True)); dt.observe(engine.take_round_log()); dt.update(trajs, policy)
 
 Run the tests: ``python -m pytest tests/posttrain/rl/test_draft_online.py -q``
 """
@@ -37,7 +37,8 @@ class DraftTrainer:
         self.version = 0
 
     def observe(self, round_log: list[Tensor]) -> None:
-        """Fold the engine's verification outcomes (``n_accepted`` per full-K round) into ᾱ_k; clears the log."""
+        """Fold the engine's verification outcomes (``n_accepted`` per full-K round, ``engine.take_round_log()``)
+        into ᾱ_k; clears the list it was given."""
         for n_acc in round_log:
             self.tracker.update(n_acc)
         round_log.clear()

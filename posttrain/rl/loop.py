@@ -141,7 +141,9 @@ def run(
     """Train for ``cfg.steps`` learner steps (continuing from ``out/checkpoint`` when ``resume``); returns the rows.
 
     ``make_engine(weights, version)`` builds the rollout engine (``--ray``: engine workers on a cluster); by
-    default an in-process ``HFEngine`` on a copy of the policy."""
+    default an in-process ``HFEngine`` on a copy of the policy. With ``speculative.enabled`` it must build
+    speculative engines (``RayEngine`` over ``SpeculativeEngine`` workers); the draft trainer stays here, with the
+    learner, and each step's draft goes to the engine by ``update_draft`` with its version."""
     from torch.utils.tensorboard import SummaryWriter
 
     out = Path(out)
@@ -164,13 +166,18 @@ def run(
             p.unlink(missing_ok=True)
     drafter = None
     if cfg.speculative.enabled:
-        if make_engine is not None:
-            raise ValueError("speculative rollouts run on the in-process engine (not with --ray)")
+        # The draft trainer lives with the learner (here, also with --ray); engines get its weights by sync.
         drafter = DraftTrainer(build_draft(cfg, model), cfg.speculative)
         if state is not None:
             drafter.load_state_dict(state["draft"])
-    # The engine starts from the learner's exact weights and version (a fresh run: version 0).
-    if drafter is not None:
+    # The engine starts from the learner's exact weights and version (a fresh run: version 0), and the draft's.
+    if make_engine is not None:
+        engine = make_engine(learner.weights(), learner.version)
+        if drafter is not None:
+            if not callable(getattr(engine, "update_draft", None)):
+                raise ValueError("speculative.enabled: make_engine must build a speculative engine (update_draft)")
+            engine.update_draft(drafter.weights(), drafter.version)
+    elif drafter is not None:
         engine = SpeculativeEngine(
             copy.deepcopy(model).eval(),
             copy.deepcopy(drafter.draft).eval(),
@@ -180,12 +187,10 @@ def run(
         )
         if learner.version:
             engine.update_weights(learner.weights(), learner.version)
-    elif make_engine is None:
+    else:
         engine = HFEngine(copy.deepcopy(model).eval(), capacity=cfg.engine_capacity)
         if learner.version:
             engine.update_weights(learner.weights(), learner.version)
-    else:
-        engine = make_engine(learner.weights(), learner.version)
     source = TaskSource(build_task(cfg), tokenizer, seed=cfg.seed)
     cls = PartialRolloutScheduler if cfg.scheduler.partial else SyncScheduler
     sched = cls(engine, source, source.reward, sampling_params(cfg, tokenizer), cfg.scheduler, seed=cfg.seed)
@@ -211,12 +216,13 @@ def run(
         dm: dict[str, Any] = {}
         if drafter is not None:
             # The draft chases the updated policy on the states just collected; synced with the policy.
-            drafter.observe(engine.round_log)
+            drafter.observe(engine.take_round_log())
             round_acc = engine.acceptance
             dm = drafter.update(trajs, learner.model, temperature=cfg.sampling.temperature)
             dm["draft_round_acceptance"] = round_acc
             dm["tokens_per_round"] = engine.emitted / max(1, engine.rounds)
             engine.update_draft(drafter.weights(), drafter.version)
+            dm["engine_draft_version"] = engine.draft_version  # with --ray: the version every worker holds
         sched.sync(learner.weights(), learner.version)
         t2 = time.perf_counter()
         st = batch.stats

@@ -135,7 +135,11 @@ class SpeculativeEngine(QueuedEngine):
         self.emitted = 0
         """Tokens emitted by verification rounds (accepted + residual/bonus)."""
         self.round_log: list[Tensor] = []
-        """``n_accepted`` of each batched round with a full K (fed to an ``AcceptanceTracker``); cleared by the caller."""
+        """``n_accepted`` of each batched round with a full K (fed to an ``AcceptanceTracker``); emptied by
+        ``take_round_log``."""
+        self.round_groups: list[tuple[tuple[int, int], tuple[str, ...]]] = []
+        """Per ``round_log`` entry: the group's two KV lengths and its request ids in order, so engines split over
+        workers can merge their entries into the groups one engine would have batched (``posttrain.ray_actors``)."""
 
     # -- protocol --------------------------------------------------------------------------------------------
     def submit(self, requests: Sequence[Request]) -> None:
@@ -147,6 +151,11 @@ class SpeculativeEngine(QueuedEngine):
     def update_weights(self, state: Mapping[str, Any], version: int) -> None:
         self._load(self.model, state)
         self._version = int(version)
+
+    def take_round_log(self) -> list[Tensor]:
+        """The verification outcomes logged since the last call (what ``DraftTrainer.observe`` folds in)."""
+        log, self.round_log, self.round_groups = self.round_log, [], []
+        return log
 
     def update_draft(self, state: Mapping[str, Any], version: int) -> None:
         """Load new draft weights (synced like the policy's, between pause and resume)."""
@@ -282,6 +291,7 @@ class SpeculativeEngine(QueuedEngine):
             r.kv_d = _crop([(k[i : i + 1], v[i : i + 1]) for k, v in kv_d], keep) if kv_d else []
         if kk == self.k:
             self.round_log.append(torch.tensor(n_acc_all))
+            self.round_groups.append(((n_p, n_d), tuple(r.traj.request_id for r in rs)))
 
     def _logp(self, r: _Req, logits: Tensor) -> Tensor:
         p = r.traj.request.params

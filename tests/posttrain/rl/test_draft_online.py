@@ -59,7 +59,7 @@ def iterate(train: bool, n_it: int = 10) -> tuple[list[float], DraftTrainer, Spe
         while eng.n_active:
             done += eng.step().finished
         accs.append((eng.accepted - a0) / (eng.reached - p0))  # per-position acceptance
-        dt.observe(eng.round_log)
+        dt.observe(eng.take_round_log())
         if train:
             dt.update(done, eng.model)
             eng.update_draft(dt.weights(), dt.version)
