@@ -27,6 +27,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -106,14 +107,27 @@ def run_sandboxed(argv: list[str], cwd: Path, limits: SandboxLimits = SandboxLim
     isolated = network_isolation()
     cmd = (["unshare", "-n"] if isolated else []) + argv
     env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8"}
+    # Its own session (setsid in ``limit``): on timeout, and after it exits, the whole process group is killed,
+    # so a test that forks or leaves a daemon behind cannot outlive its command.
+    p = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit
+    )
     try:
-        p = subprocess.run(
-            cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=limits.wall_s, preexec_fn=limit
-        )
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return SandboxResult(None, out, "timeout", isolated)
-    return SandboxResult(p.returncode, p.stdout, p.stderr, isolated)
+        out, err = p.communicate(timeout=limits.wall_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(p.pid)
+        out, _ = p.communicate()
+        return SandboxResult(None, out or "", "timeout", isolated)
+    finally:
+        _kill_group(p.pid)
+    return SandboxResult(p.returncode, out, err, isolated)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left in the group
 
 
 def run_tests(workdir: Path, files: list[str], limits: SandboxLimits = SandboxLimits()) -> tuple[dict | None, str]:
@@ -320,7 +334,10 @@ class SimpleHarness:
                 target.write_text(args["content"])
                 return f"wrote {args['path']}", False
             if name == "read_file":
-                return (workdir / args["path"]).read_text(), False
+                target = (workdir / args["path"]).resolve()
+                if workdir.resolve() not in target.parents:
+                    return "Error: path outside the repository", True
+                return target.read_text(), False
             if name == "run_tests":
                 files = sorted(p.name for p in workdir.glob("test_*.py"))
                 results, raw = run_tests(workdir, files)
