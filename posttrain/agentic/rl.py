@@ -119,7 +119,15 @@ def train_step(learner: Any, trajs: list[Trajectory], token_adv: list[list[float
     learner.optimizer.step()
     learner.version += 1
     learner.model.eval()
-    return {"loss": float(loss.detach()), "clip_fraction": float(st.clip_fraction), "kept": float(keep.sum())}
+    # On-policy check: before the update, the learner's logprobs of the stored response tokens against the
+    # behaviour logprobs the gateway captured (≈ 0 when the engine served this model; large for a scripted agent).
+    gap = (lp_now - p.behaviour).abs()[p.response_mask]
+    return {
+        "loss": float(loss.detach()),
+        "clip_fraction": float(st.clip_fraction),
+        "kept": float(keep.sum()),
+        "max_behaviour_logprob_gap": float(gap.max()) if gap.numel() else 0.0,
+    }
 
 
 # -- a scripted agent policy ---------------------------------------------------------------------------
