@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
+from formats.overrides import with_overrides
 from posttrain.rl.learner import Learner, LearnerConfig
 from posttrain.rl.loop import build_policy, sampling_params
-from formats.overrides import with_overrides
 from posttrain.rl.recipes import debug
 from posttrain.rl.task import JsonlTask, TaskSource, countdown_rows, prefix_credit
 from posttrain.rollout.engines.hf import HFEngine
