@@ -527,10 +527,6 @@ def main(argv: list[str] | None = None) -> int:
     return serve_gateway(a.model, a.host, a.port, a.traces)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 class ServerThread:
     """uvicorn on 127.0.0.1 and a free port, in a daemon thread (tests, benchmarks, in-process harnesses).
 
@@ -564,3 +560,7 @@ class ServerThread:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
