@@ -1,13 +1,15 @@
 """Fused decoding (Eq 3): ``p = (1−λ_t)·p_base + λ_t·p_mem`` with λ_t from the router, in a generate loop that
 keeps both models' KV caches; plus base-only decoding and kNN-LM decoding (a live datastore lookup per token, the
-cost Memory Decoder exists to avoid) for the benchmark. Batch size 1 per sequence here: the loops are the
-reference path on CPU; an RL engine option (vLLM) is not part of this module.
+cost Memory Decoder exists to avoid) for the benchmark. Batch size 1 per sequence in these loops (the reference
+path on CPU). ``FusedLM`` packs base + memory + router as one causal LM, which is how the RL engine decodes with
+Eq 3 (``HFEngine(FusedLM(...))``, option ``memdec`` of ``scifolio posttrain rl``).
 
     python benchmarks/memdec.py --keys 1000000
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 
@@ -122,3 +124,76 @@ def generate_knn_lm(
             break
         lb, hb, past = _step(base, torch.tensor([[tok]]), past)
     return out
+
+
+class FusedLM(torch.nn.Module):
+    """Base + memory + router as ONE causal LM, so any engine that drives a Hugging Face model with a KV cache
+    decodes with Eq 3 (``HFEngine(FusedLM(base, memory, router))``: ``scifolio posttrain rl --set memdec.memory=M
+    --set memdec.router=R``). Its "logits" are ``log p_fused`` (so ``log_softmax`` of them at temperature 1 is
+    ``log p_fused`` itself, and the engine's behaviour logprobs are the fused model's); the cache it takes and
+    returns is the base's layers followed by the memory's, so the engine pads, crops and splits it per layer as
+    it does any model's. Weight updates (``load_state_dict``) go to the base: the memory and the router stay
+    frozen, as in Eq 3, while RL trains the base policy (the learner re-scores with the base alone, and the
+    importance ratio of Eq 29 accounts for the difference).
+    """
+
+    def __init__(self, base, memory, router: Router) -> None:
+        super().__init__()
+        if base.config.vocab_size != memory.config.vocab_size:
+            raise ValueError(
+                f"base and memory vocabularies differ ({base.config.vocab_size} vs {memory.config.vocab_size})"
+            )
+        self.base, self.memory, self.router = base.eval(), memory.eval(), router.eval()
+        self.n_base_layers = base.config.num_hidden_layers
+        # The engine builds its cache from ``self.config``: one layer entry per base layer, then per memory layer.
+        self.config = copy.deepcopy(base.config)
+        self.config.num_hidden_layers = base.config.num_hidden_layers + memory.config.num_hidden_layers
+        if getattr(base.config, "layer_types", None) is not None:
+            self.config.layer_types = [*base.config.layer_types, *memory.config.layer_types]
+        self.lam_sum, self.lam_count = 0.0, 0
+        """λ_t summed over the real (unpadded) positions computed since ``take_lambda_mean``."""
+
+    def take_lambda_mean(self) -> float:
+        """Mean λ_t over the positions computed since the last call (nan if none); resets the tally."""
+        mean = self.lam_sum / self.lam_count if self.lam_count else float("nan")
+        self.lam_sum, self.lam_count = 0.0, 0
+        return mean
+
+    def load_state_dict(self, state, strict: bool = True, assign: bool = False):  # noqa: ANN001, ANN201
+        """The policy's weights (the base's parameter names) into the base."""
+        return self.base.load_state_dict(state, strict=strict, assign=assign)
+
+    def forward(self, input_ids: Tensor, attention_mask=None, position_ids=None, cache=None, use_cache=True, **_):  # noqa: ANN001, ANN201
+        from types import SimpleNamespace
+
+        from transformers import DynamicCache
+
+        kv = [] if cache is None or cache.get_seq_length() == 0 else [(la.keys, la.values) for la in cache.layers]
+        outs = []
+        for model, part in ((self.base, kv[: self.n_base_layers]), (self.memory, kv[self.n_base_layers :])):
+            c = DynamicCache(ddp_cache_data=part, config=model.config) if part else DynamicCache(config=model.config)
+            outs.append(
+                model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    cache=c,
+                    use_cache=True,
+                    output_hidden_states=True,
+                )
+            )
+        ob, om = outs
+        shape = ob.logits.shape
+        p_base = torch.softmax(ob.logits.float(), -1).reshape(-1, shape[-1])
+        p_mem = torch.softmax(om.logits.float(), -1).reshape(-1, shape[-1])
+        hb = ob.hidden_states[-1].float().reshape(p_base.shape[0], -1)
+        hm = om.hidden_states[-1].float().reshape(p_base.shape[0], -1)
+        lam = self.router(hb, hm, p_base, p_mem)
+        p = fuse(p_base, p_mem, lam).reshape(shape)
+        real = lam.reshape(shape[:-1]).detach()
+        if attention_mask is not None:  # left padding: only the positions of real tokens count
+            real = real[attention_mask[:, -shape[1] :].bool()]
+        self.lam_sum += float(real.sum())
+        self.lam_count += real.numel()
+        layers = [*ob.cache.layers, *om.cache.layers]
+        return SimpleNamespace(logits=torch.log(p.clamp(min=1e-30)), cache=SimpleNamespace(layers=layers), lam=lam)

@@ -62,7 +62,7 @@ def build_policy(cfg: RLConfig) -> tuple[torch.nn.Module, Any]:
     model = AutoModelForCausalLM.from_pretrained(
         cfg.policy.path, dtype=torch.float32, attn_implementation=cfg.policy.attn_implementation
     )
-    return model, AutoTokenizer.from_pretrained(cfg.policy.path)
+    return model, AutoTokenizer.from_pretrained(cfg.policy.tokenizer or cfg.policy.path)
 
 
 def build_draft(cfg: RLConfig, policy: torch.nn.Module) -> torch.nn.Module:
@@ -86,6 +86,39 @@ def build_draft(cfg: RLConfig, policy: torch.nn.Module) -> torch.nn.Module:
         mcfg.layer_types = mcfg.layer_types[: mcfg.num_hidden_layers]
     torch.manual_seed(cfg.policy.seed + 1)
     return Qwen2ForCausalLM(mcfg).float().eval()
+
+
+def build_fused(cfg: RLConfig, policy: torch.nn.Module) -> torch.nn.Module:
+    """``FusedLM(policy, memory, router)`` for ``memdec.enabled`` (Eq 3 rollouts): the memory from
+    ``memdec.memory`` (``scifolio memdec train``'s directory) or, for the tiny policy, a random half-width Qwen2 on
+    the policy's vocabulary; the router from ``memdec.router`` or untrained."""
+    from posttrain.memdec.fused import FusedLM
+    from posttrain.memory_decoder import Router, RouterConfig
+
+    m = cfg.memdec
+    if m.memory is not None:
+        from transformers import AutoModelForCausalLM
+
+        memory = AutoModelForCausalLM.from_pretrained(
+            m.memory, dtype=torch.float32, attn_implementation=cfg.policy.attn_implementation
+        ).eval()
+    elif cfg.policy.path is not None:
+        raise ValueError("memdec.enabled with a policy.path needs memdec.memory (a trained memory directory)")
+    else:
+        from transformers import Qwen2ForCausalLM
+
+        mcfg = copy.deepcopy(policy.config)
+        mcfg.hidden_size = max(8, cfg.policy.hidden_size // 2 // 8 * 8)
+        mcfg.intermediate_size = 2 * mcfg.hidden_size
+        torch.manual_seed(cfg.policy.seed + 2)
+        memory = Qwen2ForCausalLM(mcfg).float().eval()
+    if m.router is not None:
+        from posttrain.memdec.train import load_router
+
+        router = load_router(m.router)
+    else:
+        router = Router(RouterConfig(policy.config.hidden_size, memory.config.hidden_size))
+    return FusedLM(policy, memory, router)
 
 
 def build_task(cfg: RLConfig) -> JsonlTask:
@@ -164,6 +197,8 @@ def run(
     else:
         for p in (metrics_path, trained_path):
             p.unlink(missing_ok=True)
+    if cfg.memdec.enabled and (make_engine is not None or cfg.speculative.enabled):
+        raise ValueError("memdec.enabled runs on the in-process HF engine (not with --ray or --speculative)")
     drafter = None
     if cfg.speculative.enabled:
         # The draft trainer lives with the learner (here, also with --ray); engines get its weights by sync.
@@ -188,7 +223,8 @@ def run(
         if learner.version:
             engine.update_weights(learner.weights(), learner.version)
     else:
-        engine = HFEngine(copy.deepcopy(model).eval(), capacity=cfg.engine_capacity)
+        policy = copy.deepcopy(model).eval()
+        engine = HFEngine(build_fused(cfg, policy) if cfg.memdec.enabled else policy, capacity=cfg.engine_capacity)
         if learner.version:
             engine.update_weights(learner.weights(), learner.version)
     source = TaskSource(build_task(cfg), tokenizer, seed=cfg.seed)
@@ -223,6 +259,8 @@ def run(
             dm["tokens_per_round"] = engine.emitted / max(1, engine.rounds)
             engine.update_draft(drafter.weights(), drafter.version)
             dm["engine_draft_version"] = engine.draft_version  # with --ray: the version every worker holds
+        if cfg.memdec.enabled:
+            dm["memdec_lambda_mean"] = engine.model.take_lambda_mean()  # mean λ_t over this step's rollout positions
         sched.sync(learner.weights(), learner.version)
         t2 = time.perf_counter()
         st = batch.stats

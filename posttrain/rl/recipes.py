@@ -28,6 +28,8 @@ class PolicyConfig:
 
     path: str | None = None
     """Hugging Face model directory or name (with its tokenizer); None builds the tiny debug policy."""
+    tokenizer: str | None = None
+    """Tokenizer directory or name when it is not with the model (``scifolio memdec`` writes them apart)."""
     hidden_size: int = 64
     """Tiny policy only: width."""
     num_layers: int = 2
@@ -67,6 +69,20 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
+class MemdecRolloutConfig:
+    """Rollouts from the Memory Decoder's fused model (SPEC §C9 Eq 3): the engine samples from
+    ``(1−λ_t)·p_policy + λ_t·p_mem``; RL trains the policy (memory and router frozen)."""
+
+    enabled: bool = False
+    """Decode rollouts with ``FusedLM(policy, memory, router)`` (``--set memdec.enabled=true``)."""
+    memory: str | None = None
+    """Memory LM directory (``scifolio memdec train`` writes ``WORK/memory/ckpt``); None with the tiny policy: a
+    random tiny memory."""
+    router: str | None = None
+    """Router file (``scifolio memdec train-router`` writes ``WORK/router.pt``); None: an untrained router."""
+
+
+@dataclass(frozen=True)
 class RLConfig:
     """One RL post-training run."""
 
@@ -77,6 +93,8 @@ class RLConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     """Speculative rollouts with a draft trained online (``--speculative`` / ``--set speculative.k=4``)."""
+    memdec: MemdecRolloutConfig = field(default_factory=MemdecRolloutConfig)
+    """Rollouts decoded with the Memory Decoder fused on the policy (``--set memdec.enabled=true``)."""
     engine_capacity: int = 80
     """Concurrent requests in the rollout engine."""
     steps: int = 60
