@@ -4,7 +4,12 @@ Any sentence-transformers model that encodes both modalities works (a hub name s
 ``sentence-transformers/clip-ViT-B-32`` where a hub is reachable, or a local path such as the tiny model
 written by ``scifolio models tiny DIR``). The dimension is read from the model, never configured twice.
 
-    python -c "from retrieval.embed import *; e = STEmbedder(EmbedConfig('tiny/retrieval/clip')); e.load(); print(e.dim)"
+``STEmbedder`` has the shape of Beam's ``ModelHandler``: ``load() -> model`` once per worker (``DoFn.setup``,
+service start), then ``run_batch(images, model)`` / ``run_batch_texts(texts, model)``. Callers that want one
+object with ``dim`` + ``encode_*`` (the searcher) wrap the pair in ``LoadedEmbedder``.
+
+    python -c "from retrieval.embed import *; h = STEmbedder(EmbedConfig('tiny/retrieval/clip')); m = h.load(); \
+print(h.dim(m), h.run_batch_texts(['a phase diagram'], m).shape)"
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ class EmbedConfig:
 
 
 class Embedder(Protocol):
-    """What the index, the search and the ingest job need from an embedder."""
+    """What the searcher needs from a loaded embedder: ``LoadedEmbedder`` (handler + model) implements it, and so
+    does the tests' hash fake. The ingest job uses the handler itself (``load`` in setup, ``run_batch`` per batch)."""
 
     @property
     def dim(self) -> int: ...
@@ -60,50 +66,69 @@ def to_pil(image: ImageLike):
 
 
 class STEmbedder:
-    """sentence-transformers image+text model behind the ``Embedder`` protocol (load once, then encode)."""
+    """Handler for a sentence-transformers image+text model: ``load()`` returns the ``SentenceTransformer``;
+    ``run_batch``/``run_batch_texts`` encode with the model they are given (no state of their own)."""
 
     def __init__(self, config: EmbedConfig):
         self.config = config
-        self._model = None
 
-    def load(self) -> STEmbedder:
+    def load(self) -> Any:
+        """The ``SentenceTransformer`` in eval mode on ``config.device`` (heavy: once per worker)."""
         from sentence_transformers import SentenceTransformer
 
-        self._model = SentenceTransformer(self.config.model, device=self.config.device)
-        self._model.eval()
-        return self
+        model = SentenceTransformer(self.config.model, device=self.config.device)
+        model.eval()
+        return model
 
-    @property
-    def model(self):
-        if self._model is None:
-            raise RuntimeError("STEmbedder.load() must be called before encoding")
-        return self._model
+    def _check(self, model: Any) -> Any:
+        if model is None:
+            raise RuntimeError("STEmbedder: pass the model returned by load()")
+        return model
 
-    @property
-    def dim(self) -> int:
-        dim = self.model.get_embedding_dimension()
+    def dim(self, model: Any) -> int:
+        """Embedding dimension, as the loaded model reports it."""
+        dim = self._check(model).get_embedding_dimension()
         if not dim:
             raise ValueError(f"model {self.config.model!r} does not report an embedding dimension")
         return int(dim)
 
-    def _encode(self, items: list) -> np.ndarray:
+    def _encode(self, items: list, model: Any) -> np.ndarray:
         import torch
 
+        model = self._check(model)
         if not items:
-            return np.zeros((0, self.dim), dtype=np.float32)
+            return np.zeros((0, self.dim(model)), dtype=np.float32)
         with torch.inference_mode():
-            out = self.model.encode(
-                items, batch_size=self.config.batch_size, convert_to_numpy=True, show_progress_bar=False
-            )
+            out = model.encode(items, batch_size=self.config.batch_size, convert_to_numpy=True, show_progress_bar=False)
         # Normalise ourselves: not every checkpoint ends in a Normalize module, and IP search needs unit norm.
         return l2_normalize(out)
 
+    def run_batch(self, images: Sequence[ImageLike], model: Any) -> np.ndarray:
+        """Images (bytes or PIL) → unit-norm float32 [N, D]."""
+        return self._encode([to_pil(im) for im in images], model)
+
+    def run_batch_texts(self, texts: Sequence[str], model: Any) -> np.ndarray:
+        """Texts → unit-norm float32 [N, D], in the same space as the images."""
+        return self._encode([str(t) for t in texts], model)
+
+
+@dataclass(frozen=True)
+class LoadedEmbedder:
+    """The ``Embedder`` protocol over a handler and the model its ``load()`` returned (the one adapter)."""
+
+    handler: STEmbedder
+    model: Any
+
+    @classmethod
+    def load(cls, handler: STEmbedder) -> LoadedEmbedder:
+        return cls(handler, handler.load())
+
+    @property
+    def dim(self) -> int:
+        return self.handler.dim(self.model)
+
     def encode_images(self, images: Sequence[ImageLike]) -> np.ndarray:
-        return self._encode([to_pil(im) for im in images])
+        return self.handler.run_batch(images, self.model)
 
     def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
-        return self._encode([str(t) for t in texts])
-
-    # Beam ModelHandler-style aliases, so adapters can treat it like any other stage model.
-    def run_batch(self, images: Sequence[ImageLike]) -> np.ndarray:
-        return self.encode_images(images)
+        return self.handler.run_batch_texts(texts, self.model)

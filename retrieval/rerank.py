@@ -1,14 +1,18 @@
 """Reranker: a sentence-transformers CrossEncoder scores (query text, candidate caption/context) pairs; the score
 in [0, 1] reorders the candidates and becomes the crop's quality score (stored back in the index).
 
-    python -c "from retrieval.rerank import *; r = Reranker(RerankConfig('tiny/retrieval/reranker')).load(); \
-print(r.score('a phase diagram', ['binary alloy phase diagram', 'author photo']))"
+``Reranker`` has the shape of Beam's ``ModelHandler``: ``load()`` returns the ``CrossEncoder`` once per worker,
+``run_batch(items, model)`` scores ``RerankItem(query, texts)`` items (one score array per item).
+
+    python -c "from retrieval.rerank import *; r = Reranker(RerankConfig('tiny/retrieval/reranker')); m = r.load(); \
+print(r.run_batch([RerankItem('a phase diagram', ('binary alloy phase diagram', 'author photo'))], m))"
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,31 +51,43 @@ def to_unit_interval(logits: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
 
 
+class RerankItem(NamedTuple):
+    """One query and the candidate texts to score against it (a plain ``(query, texts)`` pair works too)."""
+
+    query: str
+    texts: Sequence[str]
+
+
 class Reranker:
-    """load() once, then score(query, texts) -> [0,1] scores, or rerank(query, hits)."""
+    """Handler: ``load()`` returns the ``CrossEncoder``; ``run_batch(items, model)`` → per item, [0,1] scores."""
 
     def __init__(self, config: RerankConfig):
         self.config = config
-        self._model = None
 
-    def load(self) -> Reranker:
+    def load(self) -> Any:
         from sentence_transformers import CrossEncoder
 
-        self._model = CrossEncoder(self.config.model, device=self.config.device)
-        return self
+        return CrossEncoder(self.config.model, device=self.config.device)
 
-    def score(self, query: str, texts: Sequence[str]) -> np.ndarray:
+    def item(self, query: str, hits: Sequence[Hit]) -> RerankItem:
+        """The item that scores ``hits`` for ``query`` (each hit read as its capped caption/context text)."""
+        return RerankItem(query, tuple(candidate_text(h, self.config.max_chars) for h in hits))
+
+    def run_batch(self, items: Sequence[RerankItem | tuple[str, Sequence[str]]], model: Any) -> list[np.ndarray]:
+        """Scores in [0, 1] (float64), one array per item, aligned with its texts. Every pair of every item goes
+        through one ``predict`` call (split in ``batch_size`` pairs)."""
         import torch
 
-        if self._model is None:
-            raise RuntimeError("Reranker.load() must be called before scoring")
-        if not texts:
-            return np.zeros(0, dtype=np.float64)
-        pairs = [(query, t) for t in texts]
+        if model is None:
+            raise RuntimeError("Reranker.run_batch: pass the model returned by load()")
+        items = [RerankItem(*it) for it in items]
+        pairs = [(it.query, t) for it in items for t in it.texts]
+        if not pairs:
+            return [np.zeros(0, dtype=np.float64) for _ in items]
         with torch.inference_mode():
             # Identity activation, then our own sigmoid: the [0,1] mapping must not depend on whichever
             # default activation a checkpoint's config happens to declare.
-            logits = self._model.predict(
+            logits = model.predict(
                 pairs,
                 batch_size=self.config.batch_size,
                 activation_fn=torch.nn.Identity(),
@@ -81,8 +97,6 @@ class Reranker:
         logits = np.asarray(logits, dtype=np.float64)
         if logits.ndim == 2:  # multi-label heads: the last label is "relevant"
             logits = logits[:, -1]
-        return to_unit_interval(logits)
-
-    def rerank(self, query: str, hits: Sequence[Hit]) -> list[Hit]:
-        texts = [candidate_text(h, self.config.max_chars) for h in hits]
-        return order_by_scores(hits, self.score(query, texts))
+        scores = to_unit_interval(logits)
+        bounds = np.cumsum([0] + [len(it.texts) for it in items])
+        return [scores[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

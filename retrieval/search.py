@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from retrieval.caption import Captioner
 from retrieval.embed import Embedder, ImageLike
 from retrieval.index import Hit, ShardedIndex, merge_hits
+from retrieval.rerank import Reranker, order_by_scores
 
 
 @dataclass(frozen=True)
@@ -36,20 +39,27 @@ class SearchResult:
 
 
 class Searcher:
-    """Binds an index, an embedder, and optionally a captioner (image queries) and a reranker."""
+    """Binds an index, a loaded embedder, and optionally a captioner (image queries) and a reranker, each a
+    handler with the model its ``load()`` returned."""
 
     def __init__(
         self,
         index: ShardedIndex,
         embedder: Embedder,
-        captioner=None,
-        reranker=None,
+        captioner: Captioner | None = None,
+        caption_model: Any = None,
+        reranker: Reranker | None = None,
+        rerank_model: Any = None,
         config: SearchConfig = SearchConfig(),
     ):
+        if (captioner is None) != (caption_model is None) or (reranker is None) != (rerank_model is None):
+            raise ValueError("a captioner/reranker handler comes with the model its load() returned")
         self.index = index
         self.embedder = embedder
         self.captioner = captioner
+        self.caption_model = caption_model
         self.reranker = reranker
+        self.rerank_model = rerank_model
         self.config = config
 
     def _finish(self, query: str, candidates: list[Hit], k: int, rerank: bool) -> list[Hit]:
@@ -57,7 +67,8 @@ class Searcher:
             return candidates[:k]
         if self.reranker is None:
             raise ValueError("rerank requested but no reranker is configured (--reranker MODEL)")
-        hits = self.reranker.rerank(query, candidates)
+        (scores,) = self.reranker.run_batch([self.reranker.item(query, candidates)], self.rerank_model)
+        hits = order_by_scores(candidates, scores)
         if self.config.store_quality and hits:
             self.index.set_quality({h.sha256: h.score for h in hits})
         return hits[:k]
@@ -82,7 +93,7 @@ class Searcher:
             raise ValueError("image queries need a captioner (--captioner MODEL)")
         k = k or self.config.k
         n = max(k, self.config.candidates) if rerank else k
-        caption = self.captioner.run_batch([image])[0]
+        caption = self.captioner.run_batch([image], self.caption_model)[0]
         img_vec = self.embedder.encode_images([image])
         cap_vec = self.embedder.encode_texts([caption])
         by_image = self.index.search(img_vec, n, via="image")[0]
@@ -100,13 +111,21 @@ def load_searcher(
     config: SearchConfig = SearchConfig(),
 ) -> Searcher:
     """Load the models named and bind them to ``index`` (what the CLI and the service start from)."""
-    from retrieval.caption import CaptionConfig, Captioner
-    from retrieval.embed import EmbedConfig, STEmbedder
-    from retrieval.rerank import RerankConfig, Reranker
+    from retrieval.caption import CaptionConfig
+    from retrieval.embed import EmbedConfig, LoadedEmbedder, STEmbedder
+    from retrieval.rerank import RerankConfig
 
-    embedder = STEmbedder(EmbedConfig(embed_model, device=device)).load()
+    embedder = LoadedEmbedder.load(STEmbedder(EmbedConfig(embed_model, device=device)))
     if index.exists() and index.dim() != embedder.dim:
         raise ValueError(f"index holds {index.dim()}-d vectors but {embed_model!r} gives {embedder.dim}-d")
-    captioner = Captioner(CaptionConfig(caption_model, device=device)).load() if caption_model else None
-    reranker = Reranker(RerankConfig(rerank_model, device=device)).load() if rerank_model else None
-    return Searcher(index, embedder, captioner, reranker, config)
+    captioner = Captioner(CaptionConfig(caption_model, device=device)) if caption_model else None
+    reranker = Reranker(RerankConfig(rerank_model, device=device)) if rerank_model else None
+    return Searcher(
+        index,
+        embedder,
+        captioner,
+        captioner.load() if captioner else None,
+        reranker,
+        reranker.load() if reranker else None,
+        config,
+    )

@@ -139,14 +139,17 @@ class EmbedAndWrite(beam.DoFn):
         from retrieval.caption import CaptionConfig, Captioner
         from retrieval.embed import EmbedConfig, STEmbedder
 
-        self.embedder = STEmbedder(EmbedConfig(self.cfg.embed_model, self.cfg.batch_size, self.cfg.device)).load()
+        # Handlers load once per worker here; process() only calls run_batch with the models kept.
+        self.embedder = STEmbedder(EmbedConfig(self.cfg.embed_model, self.cfg.batch_size, self.cfg.device))
+        self.embed_model = self.embedder.load()
         self.captioner = (
-            Captioner(CaptionConfig(self.cfg.caption_model, device=self.cfg.device)).load()
-            if self.cfg.caption_model
-            else None
+            Captioner(CaptionConfig(self.cfg.caption_model, device=self.cfg.device)) if self.cfg.caption_model else None
         )
+        self.caption_model = self.captioner.load() if self.captioner else None
         self.index = ShardedIndex(self.cfg.index)
-        self.index.ensure(self.embedder.dim)  # also on the bulk path: creates the collections, checks the dim
+        self.index.ensure(
+            self.embedder.dim(self.embed_model)
+        )  # also on the bulk path: creates the collections, checks the dim
         # Bulk path: the collections are empty (checked by the driver); what a resumed run can skip is what an
         # earlier attempt already staged. Files staged concurrently by other workers are deduped by the driver.
         self.staged_before = staged_ids(self.cfg.bulk_dir) if self.cfg.bulk_dir and self.cfg.skip_existing else set()
@@ -167,8 +170,8 @@ class EmbedAndWrite(beam.DoFn):
         if todo:
             t0 = time.perf_counter()
             pngs = [c.png for c in todo]
-            captions = self.captioner.run_batch(pngs) if self.captioner else [""] * len(todo)
-            vecs = self.embedder.encode_images(pngs)
+            captions = self.captioner.run_batch(pngs, self.caption_model) if self.captioner else [""] * len(todo)
+            vecs = self.embedder.run_batch(pngs, self.embed_model)
             self.embed_ms.update(int((time.perf_counter() - t0) * 1000))
             rows = [IndexRow.from_crop(c, v, cap) for c, v, cap in zip(todo, vecs, captions)]
             if self.cfg.bulk_dir:

@@ -82,7 +82,7 @@ def ready_index(tmp_path_factory, tiny_models):
     """A Milvus Lite index of the 12 fixture crops, embedded with the tiny CLIP (no Beam: fast)."""
     from formats.shards import list_shards
     from retrieval.crops import iter_crops
-    from retrieval.embed import EmbedConfig, STEmbedder
+    from retrieval.embed import EmbedConfig, LoadedEmbedder, STEmbedder
     from retrieval.index import IndexConfig, IndexRow, ShardedIndex
 
     root = tmp_path_factory.mktemp("ready")
@@ -90,7 +90,7 @@ def ready_index(tmp_path_factory, tiny_models):
     names = list(COLORS)
     write_shard(out / "shards" / "shard-00000-of-00002.parquet", make_rows("doc-a", names, "circle"))
     write_shard(out / "shards" / "shard-00001-of-00002.parquet", make_rows("doc-b", names, "square"))
-    emb = STEmbedder(EmbedConfig(tiny_models["retrieval-clip"])).load()
+    emb = LoadedEmbedder.load(STEmbedder(EmbedConfig(tiny_models["retrieval-clip"])))
     crops = [c for p in list_shards(out) for c in iter_crops(p, out)]
     vecs = emb.encode_images([c.png for c in crops])
     cfg = IndexConfig(uri=str(root / "index.db"), name="crops", n_shards=3)

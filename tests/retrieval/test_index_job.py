@@ -128,7 +128,7 @@ def test_bulk_build_on_server_matches_upsert_build(milvus_server, corpus_out, ti
     from formats.shards import list_shards, write_shard
     from pipelines.jobs.index import BulkRefused, stage_batch, staged_files
     from retrieval.crops import iter_crops
-    from retrieval.embed import EmbedConfig, STEmbedder
+    from retrieval.embed import EmbedConfig, LoadedEmbedder, STEmbedder
     from retrieval.index import IndexConfig, IndexRow
 
     # A third shard file repeating three of doc-a's crops: the same sha256 reaches two batches.
@@ -150,7 +150,7 @@ def test_bulk_build_on_server_matches_upsert_build(milvus_server, corpus_out, ti
         bulk_dir=str(bulk),
         bulk_timeout_s=180,
     )
-    emb = STEmbedder(EmbedConfig(clip)).load()
+    emb = LoadedEmbedder.load(STEmbedder(EmbedConfig(clip)))
     crops = [c for p in list_shards(corpus_out) for c in iter_crops(p, corpus_out)]
     # An earlier bulk attempt that staged two crops and died, leaving a half-moved batch behind.
     pre = [c for c in crops if c.source == "shard-00001-of-00002.parquet"][:2]

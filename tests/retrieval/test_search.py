@@ -56,7 +56,8 @@ def test_rerank_orders_by_cross_encoder_and_stores_quality(searcher):
     # The scores are the cross-encoder's on (query, caption/context) pairs, computed independently here.
     from retrieval.rerank import candidate_text
 
-    direct = searcher.reranker.score("a blue square plot", [candidate_text(h) for h in res.hits])
+    texts = [candidate_text(h) for h in res.hits]
+    (direct,) = searcher.reranker.run_batch([("a blue square plot", texts)], searcher.rerank_model)
     assert list(direct) == pytest.approx(scores, abs=1e-6)
     stored = {r["sha256"]: r["quality"] for r in searcher.index.get([h.sha256 for h in res.hits])}
     assert all(stored[h.sha256] >= h.score - 1e-6 for h in res.hits)
