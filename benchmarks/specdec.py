@@ -1,6 +1,6 @@
 """Speculative vs plain decoding on the HF engines (issue 14): tokens per policy forward and wall time.
 
-    python benchmarks/specdec.py --embed 400      # 183M policy, 17.3M random draft (10.6x smaller), K=4; ~5 min, 2 cores
+    python benchmarks/specdec.py --embed 400      # 183M policy, 17.3M random draft (10.6x smaller), K=4; ~2.5 min, 2 cores
     python benchmarks/specdec.py --embed 400 --draft-from-policy   # the draft starts as the policy's early exit
     python benchmarks/specdec.py --layers 4 --hidden 512 --tokens 32   # quick smoke run
 
@@ -161,7 +161,7 @@ def main() -> None:
         a0, p0 = eng.accepted, eng.reached
         done = drain(eng)
         acc = (eng.accepted - a0) / max(1, eng.reached - p0)
-        trainer.observe(eng.round_log)
+        trainer.observe(eng.take_round_log())
         m = trainer.update(done, policy)
         eng.update_draft(trainer.weights(), trainer.version)
         print(f"  online draft iter {it:2d}: acceptance of this rollout {acc:.3f}, draft loss {m['draft_loss']:.3f}")
