@@ -23,6 +23,7 @@ import asyncio
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +86,14 @@ class GenerationStream:
         self.prompt_tokens = prompt_tokens
         self.generation: Generation | None = None
         self._queue: asyncio.Queue = asyncio.Queue()
+        self.on_abandon: Callable[[], None] | None = None
+        """What ``abandon`` runs (the gateway aborts the engine request)."""
+
+    def abandon(self) -> None:
+        """The reader went away before the end: stop generating (once; nothing once the call is done)."""
+        hook, self.on_abandon = self.on_abandon, None
+        if hook is not None and self.generation is None:
+            hook()
 
     def __aiter__(self) -> GenerationStream:
         return self

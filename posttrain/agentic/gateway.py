@@ -133,6 +133,7 @@ class EngineDriver:
         self.engine = engine
         self._cv = threading.Condition()
         self._pending: list[tuple[Request, asyncio.AbstractEventLoop, asyncio.Future | TokenStream]] = []
+        self._aborts: list[str] = []
         self._thread: threading.Thread | None = None
         self.finished: dict[str, Trajectory] = {}
         """request id → the trajectory exactly as the engine returned it (tests compare the store with it)."""
@@ -156,18 +157,33 @@ class EngineDriver:
                 self._thread.start()
             self._cv.notify()
 
+    def abort(self, request_id: str) -> None:
+        """Stop a request before its next step (thread-safe); its caller gets the trajectory so far with
+        ``finish_reason = "abort"``. Unknown or finished ids are ignored."""
+        with self._cv:
+            self._aborts.append(request_id)
+            self._cv.notify()
+
     def _run(self) -> None:
         waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future | TokenStream]] = {}
         while True:
             with self._cv:
                 while not self._pending and not waiting:
+                    self._aborts.clear()  # nothing in flight: nothing to abort
                     self._cv.wait()
                 batch, self._pending = self._pending, []
+                aborts, self._aborts = self._aborts, []
             try:
                 if batch:
                     for r, loop, w in batch:
                         waiting[r.request_id] = (loop, w)
                     self.engine.submit([r for r, _, _ in batch])
+                for t in self.engine.abort([a for a in aborts if a in waiting]) if aborts else []:
+                    self.finished[t.request_id] = t
+                    loop, w = waiting.pop(t.request_id)
+                    loop.call_soon_threadsafe(_settle, w, t, None)
+                if not waiting:
+                    continue
                 out = self.engine.step()
             except Exception as e:  # an engine failure fails every waiting call, loudly
                 log.exception("engine step failed; failing %d waiting calls", len(waiting))
@@ -289,13 +305,16 @@ class Gateway:
 
     async def stream(self, session: str, conv: Conversation, protocol: str) -> GenerationStream:
         """Validate and submit the call (``InvalidRequest`` is raised here, before any byte is sent), then return
-        its ``GenerationStream``. A task of its own runs the call to the end and captures it even if the harness
-        stops reading (as the non-streaming path does); it holds the session's lock until the capture is done."""
+        its ``GenerationStream``. A task of its own runs the call and captures it; it holds the session's lock until
+        the capture is done. If the harness goes away (the HTTP stream is closed: ``GenerationStream.abandon``), the
+        engine request is aborted before its next step, freeing its slot, and the tokens generated so far are
+        captured with finish ``abort``."""
         lock = self._session_locks.setdefault(session, asyncio.Lock())
         await lock.acquire()
         try:
             call = self._prepare(session, conv, protocol)
             out = GenerationStream(call.call_id, len(call.request.prompt_ids))
+            out.on_abandon = lambda: self.driver.abort(call.request.request_id)
             task = asyncio.get_running_loop().create_task(self._stream(call, out, lock))
         except BaseException:
             lock.release()
@@ -376,12 +395,12 @@ class Gateway:
         """Store the engine's exact ids, logprobs, versions and experts, then parse the output."""
         out_ids = list(traj.token_ids)
         resp_text = self.tokenizer.decode(out_ids, skip_special_tokens=False)
-        finish = "length" if traj.finish_reason == "length" else "stop"
+        finish = traj.finish_reason if traj.finish_reason in ("length", "abort") else "stop"
         content = resp_text
         if out_ids and out_ids[-1] in self.stop_ids:
             content = self.tokenizer.decode(out_ids[:-1], skip_special_tokens=False)
-        body, calls, well_formed = parse_output(content, finish, call.call_id)
-        if calls:
+        body, calls, well_formed = parse_output(content, "stop" if finish == "abort" else finish, call.call_id)
+        if calls and finish != "abort":
             finish = "tool_calls"
         session = call.request.group_id
         self.store.record_call(
@@ -434,8 +453,18 @@ def build_app(gateway: Gateway):
     app.state.gateway = gateway
     default_max = gateway.config.default_max_tokens
 
-    def stream(events, error) -> StreamingResponse:
-        return StreamingResponse(sse(events, error), media_type="text/event-stream")
+    def stream(events, error, g: GenerationStream) -> StreamingResponse:
+        async def body():
+            done = False
+            try:
+                async for chunk in sse(events, error):
+                    yield chunk
+                done = True
+            finally:  # closed or cancelled before the end: the client went away
+                if not done:
+                    g.abandon()
+
+        return StreamingResponse(body(), media_type="text/event-stream")
 
     async def run(req: HttpRequest, sid: str | None, parse, protocol: str):
         """(Generation or, for ``stream: true``, GenerationStream; conversation; body; error response or None)."""
@@ -457,7 +486,7 @@ def build_app(gateway: Gateway):
             return err
         if conv.stream:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return stream(chat_events(g, conv.model, usage), chat_error)
+            return stream(chat_events(g, conv.model, usage), chat_error, g)
         return JSONResponse(chat_response(g, conv.model))
 
     async def responses(req: HttpRequest, sid: str | None = None):
@@ -465,7 +494,7 @@ def build_app(gateway: Gateway):
         if err is not None:
             return err
         return (
-            stream(responses_events(g, conv.model), responses_error)
+            stream(responses_events(g, conv.model), responses_error, g)
             if conv.stream
             else JSONResponse(responses_response(g, conv.model))
         )
@@ -475,7 +504,7 @@ def build_app(gateway: Gateway):
         if err is not None:
             return err
         if conv.stream:
-            return stream(messages_events(g, conv.model), messages_error)
+            return stream(messages_events(g, conv.model), messages_error, g)
         return JSONResponse(messages_response(g, conv.model))
 
     async def count_tokens(req: HttpRequest, sid: str | None = None):

@@ -608,3 +608,44 @@ def test_a_tool_call_without_text_streams_no_text_block(tok):
 
     run(go())
     check_trace(gw, "t", tok)
+
+
+def test_a_client_that_goes_away_aborts_its_request(tok):
+    """Real HTTP, 60 tokens at 50 ms a step (3 s): the client reads two deltas and closes the stream. The engine
+    request is aborted within a few steps (its slot is free long before the 3 s), the tokens generated so far are
+    captured with finish ``abort``, and the session's next call goes through."""
+    from posttrain.agentic.gateway import ServerThread
+
+    script = Script(tok)
+    engine = ScriptedTokenEngine(script, step_delay_s=0.05)
+    gw, _ = make_gateway(tok, engine)
+    long_reply = " ".join(["word"] * 59)
+    script.replies = {"gone": [long_reply, PLAIN_TEXT]}
+    msgs = [{"role": "user", "content": "Say a lot"}]
+
+    async def go(url):
+        oa = openai.AsyncOpenAI(base_url=url + "/v1", api_key="gone", max_retries=0)
+        t0 = time.perf_counter()
+        stream = await oa.chat.completions.create(model="m", messages=msgs, stream=True)
+        seen = 0
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                seen += 1
+                if seen == 2:
+                    break
+        await stream.close()
+        while gw.store.session_calls.get("gone") is None:  # the capture follows the abort
+            assert time.perf_counter() - t0 < 2.0, "the request ran on after the client left"
+            await asyncio.sleep(0.02)
+        assert engine.n_active == 0
+        r = await oa.chat.completions.create(model="m", messages=msgs)  # the session lock was released
+        return time.perf_counter() - t0, r.choices[0].message.content
+
+    with ServerThread(build_app(gw)) as url:
+        elapsed, second = run(go(url))
+    assert second == PLAIN_TEXT and elapsed < 3.0
+    first = gw.store.calls[gw.store.session_calls["gone"][0]]
+    assert first["finish"] == "abort"
+    traj = gw.driver.finished[first["meta"]["request_id"]]
+    assert traj.finish_reason == "abort" and 2 <= len(traj.token_ids) < 40
+    assert gw.store.call_output_ids(gw.store.session_calls["gone"][0]) == traj.token_ids
