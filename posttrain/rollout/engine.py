@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from posttrain.rollout.types import FINISH_ABORT, Request, Trajectory
+from posttrain.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Trajectory
 
 
 @dataclass
@@ -151,3 +151,16 @@ class QueuedEngine:
         for t in out:
             t.finish_reason = FINISH_ABORT
         return out
+
+    def _append(self, t: Trajectory, tok: int, logprob: float) -> None:
+        """Append a sampled token (at this engine's version) and set ``finish_reason`` when it ends the request:
+        the forced length, else a stop token (unless ``ignore_eos``), else ``max_new_tokens``."""
+        p = t.request.params
+        t.append(tok, logprob, self._version)
+        if p.forced_length is not None:
+            if t.n_tokens >= p.forced_length:
+                t.finish_reason = FINISH_LENGTH
+        elif not p.ignore_eos and tok in p.stop_token_ids:
+            t.finish_reason = FINISH_STOP
+        elif t.n_tokens >= p.max_new_tokens:
+            t.finish_reason = FINISH_LENGTH

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from posttrain.rollout.engine import ExpertsRecorder, QueuedEngine, StepOutput
 from posttrain.rollout.sampling import draw, sampling_logprobs, token_uniform
-from posttrain.rollout.types import FINISH_LENGTH, FINISH_STOP, Request, Trajectory
+from posttrain.rollout.types import Request, Trajectory
 
 
 @dataclass
@@ -211,14 +211,3 @@ class HFEngine(QueuedEngine):
             chosen = logp.gather(-1, toks.unsqueeze(-1)).squeeze(-1)
             for i, tok, lp in zip(idx, toks.tolist(), chosen.tolist()):
                 self._append(rows[i][0].traj, tok, lp)
-
-    def _append(self, t: Trajectory, tok: int, logprob: float) -> None:
-        p = t.request.params
-        t.append(tok, logprob, self._version)
-        if p.forced_length is not None:
-            if t.n_tokens >= p.forced_length:
-                t.finish_reason = FINISH_LENGTH
-        elif not p.ignore_eos and tok in p.stop_token_ids:
-            t.finish_reason = FINISH_STOP
-        elif t.n_tokens >= p.max_new_tokens:
-            t.finish_reason = FINISH_LENGTH

@@ -40,7 +40,7 @@ from torch import Tensor
 from posttrain import speculative
 from posttrain.rollout.engine import QueuedEngine, StepOutput
 from posttrain.rollout.sampling import sampling_logprobs
-from posttrain.rollout.types import FINISH_LENGTH, FINISH_STOP, Request, Trajectory
+from posttrain.rollout.types import Request, Trajectory
 
 KV = list[tuple[Tensor, Tensor]]
 
@@ -296,14 +296,3 @@ class SpeculativeEngine(QueuedEngine):
     def _logp(self, r: _Req, logits: Tensor) -> Tensor:
         p = r.traj.request.params
         return sampling_logprobs(logits.double(), p.temperature, p.top_p)
-
-    def _append(self, t: Trajectory, tok: int, logprob: float) -> None:
-        p = t.request.params
-        t.append(tok, logprob, self._version)
-        if p.forced_length is not None:
-            if t.n_tokens >= p.forced_length:
-                t.finish_reason = FINISH_LENGTH
-        elif not p.ignore_eos and tok in p.stop_token_ids:
-            t.finish_reason = FINISH_STOP
-        elif t.n_tokens >= p.max_new_tokens:
-            t.finish_reason = FINISH_LENGTH
