@@ -18,6 +18,8 @@ import argparse
 import json
 import sys
 
+from pipelines.cli.options import add_set, apply_sets
+
 STAGES = ("prepare", "build-datastore", "train", "train-router", "eval", "all")
 
 
@@ -44,13 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         s.add_argument(
             "--work-dir", default=MemdecConfig.work_dir, help="where the run reads and writes everything (config)"
         )
-        s.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a config field, e.g. memory.steps=50 or store.uri=http://127.0.0.1:19530 (repeatable)",
-        )
+        add_set(s, "memory.steps=50 or store.uri=http://127.0.0.1:19530")
         s.add_argument("--quiet", action="store_true", help="no progress bars")
         if stage in ("train", "all"):
             s.add_argument("--resume", action="store_true", help="continue the memory from <work-dir>/memory/ckpt")
@@ -62,7 +58,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from pipelines.cli.options import apply_sets
     from posttrain.memdec.config import RECIPES
 
     return apply_sets(RECIPES[args.config](work_dir=args.work_dir), args.set)

@@ -25,6 +25,8 @@ import argparse
 import json
 import sys
 
+from pipelines.cli.options import add_set, apply_sets
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("posttrain", help="RL post-training (partial rollout, detached-IS loss, BKL mask)")
@@ -37,13 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rl.add_argument("--config", default="debug", help="recipe name (posttrain/rl/recipes.py: debug, small)")
     rl.add_argument("--out", required=True, help="run directory (metrics.jsonl, tb/, checkpoint/, policy/)")
     rl.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint (in-flight rollouts included)")
-    rl.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, dotted for nested ones (steps=10, scheduler.partial=false, learner.lr=1e-3)",
-    )
+    add_set(rl, "steps=10, scheduler.partial=false, learner.lr=1e-3")
     rl.add_argument("--ray", default=None, metavar="local|ADDRESS", help="rollout engines as Ray actors")
     rl.add_argument("--engine-workers", type=int, default=2, help="with --ray: number of engine workers")
     rl.add_argument(
@@ -75,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     ag.add_argument("--config", default="debug", help="recipe name (posttrain/agentic/rl.py)")
     ag.add_argument("--out", required=True, help="run directory (traces.sqlite, metrics.jsonl)")
-    ag.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    add_set(ag, "steps=2, engine=hf")
     ag.set_defaults(func=run_agentic_cmd)
 
     ds = sub.add_parser(
@@ -86,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     ds.add_argument("--config", default="debug", help="recipe name (posttrain/rl/distill.py: debug)")
     ds.add_argument("--out", required=True, help="run directory (metrics.jsonl, student/)")
-    ds.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    add_set(ds, "steps=4")
     ds.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     ds.add_argument("--no-progress", action="store_true", help="do not print each row")
     ds.set_defaults(func=run_distill)
@@ -99,7 +95,6 @@ def run_gateway(args: argparse.Namespace) -> int:
 
 
 def run_agentic_cmd(args: argparse.Namespace) -> int:
-    from pipelines.cli.options import apply_sets
     from posttrain.agentic.rl import RECIPES, run_agentic
 
     if args.config not in RECIPES:
@@ -113,7 +108,6 @@ def run_agentic_cmd(args: argparse.Namespace) -> int:
 def run_distill(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from pipelines.cli.options import apply_sets
     from posttrain.rl.distill import RECIPES, run
 
     if args.config not in RECIPES:
@@ -131,7 +125,6 @@ def run_distill(args: argparse.Namespace) -> int:
 
 
 def run_rl(args: argparse.Namespace) -> int:
-    from pipelines.cli.options import apply_sets
     from posttrain.rl.recipes import RECIPES, to_dict
 
     if args.config not in RECIPES:
