@@ -164,3 +164,27 @@ class QueuedEngine:
             t.finish_reason = FINISH_STOP
         elif t.n_tokens >= p.max_new_tokens:
             t.finish_reason = FINISH_LENGTH
+
+    def _admit(self, wrap: Any) -> None:
+        """Move queued trajectories into the running set (as ``wrap(trajectory)``) while capacity allows."""
+        while self._queue and len(self._running) < self._capacity:
+            self._running.append(wrap(self._queue.popleft()))
+
+    def _retire(self, out: StepOutput) -> None:
+        """Hand the running entries whose trajectory finished this step to ``out.finished``; keep the rest."""
+        keep = []
+        for r in self._running:
+            if r.traj.finished:
+                out.finished.append(r.traj)
+            else:
+                keep.append(r)
+        self._running = keep
+
+    def _load_weights(self, model: Any, state: Mapping[str, Any]) -> None:
+        """Load a (full or partial) state dict into ``model`` between pause and resume; unknown names raise."""
+        if self._running or self._queue:
+            raise RuntimeError("weight update while requests are held: pause() first")
+        if state:
+            result = model.load_state_dict(dict(state), strict=False)
+            if result.unexpected_keys:
+                raise KeyError(f"unknown parameters in weight update: {result.unexpected_keys[:5]}")

@@ -58,19 +58,13 @@ class HFEngine(QueuedEngine):
             self._queue.append(Trajectory(request=r, routed_experts=rec))
 
     def update_weights(self, state: Mapping[str, Any], version: int) -> None:
-        if self._running or self._queue:
-            raise RuntimeError("update_weights while requests are held: pause() first")
-        if state:
-            result = self.model.load_state_dict(dict(state), strict=False)
-            if result.unexpected_keys:
-                raise KeyError(f"unknown parameters in weight update: {result.unexpected_keys[:5]}")
+        self._load_weights(self.model, state)
         self._version = int(version)
 
     @torch.no_grad()
     def step(self) -> StepOutput:
         out = StepOutput()
-        while self._queue and len(self._running) < self._capacity:
-            self._running.append(_Running(self._queue.popleft()))
+        self._admit(_Running)
         if not self._running:
             return out
         fresh = [r for r in self._running if r.kv is None]
@@ -86,13 +80,7 @@ class HFEngine(QueuedEngine):
         self.steps += 1
         out.n_decoded = len(self._running)
         out.new_tokens = {r.traj.request_id: r.traj.token_ids[-1:] for r in self._running}
-        keep = []
-        for r in self._running:
-            if r.traj.finished:
-                out.finished.append(r.traj)
-            else:
-                keep.append(r)
-        self._running = keep
+        self._retire(out)
         return out
 
     # -- internals ------------------------------------------------------------------------------------

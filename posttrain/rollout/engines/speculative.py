@@ -149,7 +149,7 @@ class SpeculativeEngine(QueuedEngine):
             self._queue.append(Trajectory(request=r))
 
     def update_weights(self, state: Mapping[str, Any], version: int) -> None:
-        self._load(self.model, state)
+        self._load_weights(self.model, state)
         self._version = int(version)
 
     def take_round_log(self) -> list[Tensor]:
@@ -159,16 +159,8 @@ class SpeculativeEngine(QueuedEngine):
 
     def update_draft(self, state: Mapping[str, Any], version: int) -> None:
         """Load new draft weights (synced like the policy's, between pause and resume)."""
-        self._load(self.draft, state)
+        self._load_weights(self.draft, state)
         self.draft_version = int(version)
-
-    def _load(self, model: torch.nn.Module, state: Mapping[str, Any]) -> None:
-        if self._running or self._queue:
-            raise RuntimeError("weight update while requests are held: pause() first")
-        if state:
-            result = model.load_state_dict(dict(state), strict=False)
-            if result.unexpected_keys:
-                raise KeyError(f"unknown parameters in weight update: {result.unexpected_keys[:5]}")
 
     @property
     def acceptance(self) -> float:
@@ -179,8 +171,7 @@ class SpeculativeEngine(QueuedEngine):
     @torch.no_grad()
     def step(self) -> StepOutput:
         out = StepOutput()
-        while self._queue and len(self._running) < self._capacity:
-            self._running.append(_Req(self._queue.popleft()))
+        self._admit(_Req)
         if not self._running:
             return out
         fresh = [r for r in self._running if r.kv_p is None]
@@ -198,13 +189,7 @@ class SpeculativeEngine(QueuedEngine):
         self.steps += 1
         out.n_decoded = len(self._running)
         out.new_tokens = {r.traj.request_id: r.traj.token_ids[n:] for r, n in zip(self._running, before)}
-        keep = []
-        for r in self._running:
-            if r.traj.finished:
-                out.finished.append(r.traj)
-            else:
-                keep.append(r)
-        self._running = keep
+        self._retire(out)
         return out
 
     # -- internals -------------------------------------------------------------------------------------------
