@@ -27,22 +27,11 @@ def _cosine(steps: int, floor: float = 0.1) -> Callable[[int], float]:
 
 
 def new_lm(vocab_size: int, hidden: int, seed: int, pad_id: int):
-    """A 2-layer Qwen2 causal LM with random weights (posttrain.tiny's shape)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """A 2-layer Qwen2 causal LM with random weights (``posttrain.tiny_lm.causal_lm``), seeded, in train mode."""
+    from posttrain.tiny_lm import causal_lm
 
     torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        pad_token_id=pad_id,
-    )
-    return Qwen2ForCausalLM(config)
+    return causal_lm(vocab_size, hidden, pad_token_id=pad_id).train()
 
 
 def lm_loss(model, batch: Batch) -> torch.Tensor:

@@ -108,20 +108,10 @@ RECIPES: dict[str, Callable[..., DistillConfig]] = {"debug": debug}
 
 # -- debug models and data ---------------------------------------------------------------------------------------
 def tiny_lm(vocab: int, hidden: int, seed: int, layers: int = 2) -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from posttrain.tiny_lm import causal_lm
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg).float()
+    return causal_lm(vocab, hidden, layers, max_position_embeddings=64).train()
 
 
 def toy_sequences(cfg: DistillConfig, domain: str, n: int, gen: torch.Generator, length: int) -> Tensor:
