@@ -38,3 +38,14 @@ def in_loopback_namespace() -> bool:
     import socket
 
     return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: one intra-op thread (two spin against other processes)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -28,14 +28,7 @@ from posttrain.memdec.train import new_lm, targets_batch, train_memory
 from posttrain.memory_decoder import Router, RouterConfig, fuse
 from retrieval.vectors import ShardedVectorStore, VectorStoreConfig
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread (two spin against other processes)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 V = 48

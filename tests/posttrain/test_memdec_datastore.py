@@ -27,13 +27,7 @@ from retrieval.vectors import ShardedVectorStore, VectorStoreConfig
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread (two spin against other processes)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 ENH, PRO, SIL = 5, 6, 7  # token ids of enhancer / promoter / silencer in a 10-token vocabulary

@@ -10,18 +10,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from pipelines.cli import main
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread (two spin against other processes)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.slow
