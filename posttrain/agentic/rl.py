@@ -5,10 +5,9 @@ each session runs ``SimpleHarness`` against the gateway; the verifier grades the
 infrastructure failures are dropped from the group (never a 0 reward). Credit: the group-relative
 (leave-one-out) session advantage A_i goes to every trainable segment of the session's stored path,
 scaled by the deterministic process weight w_{i,k} when A_i > 0 (``posttrain.credit``), on the exact
-token spans the trace store recorded. The learner step is the RL-loop learner's loss (detached IS
-weight, BKL mask; ``policy_loss``) with these per-token advantages: ``Learner.train`` shapes one scalar
-per trajectory, so this module calls the same pieces (``pack``, ``token_logprobs``, ``policy_loss``)
-with a ``[N, T]`` advantage instead.
+token spans the trace store recorded. The learner step is the RL-loop learner's own update (detached IS
+weight, BKL mask, Eq 29; ``Learner.update``) with these per-token advantages: ``Learner.train`` shapes one
+scalar per trajectory first, this module passes a ``[N, T]`` advantage instead.
 
 Run: ``python -c "from posttrain.agentic.rl import run_agentic, debug; print(run_agentic(debug(), '/tmp/ag'))"``
 """
@@ -28,7 +27,6 @@ from posttrain.advantages import loo_advantages
 from posttrain.agentic.tasks import INFRA, HarnessRun, SimpleHarness, Task, coding_tasks, verify
 from posttrain.agentic.traces import TraceStore
 from posttrain.credit import Step, annotate, segment_advantages
-from posttrain.policy_loss import BklConfig, bkl_mask_from_logprobs, policy_loss
 from posttrain.rollout.types import Request, Trajectory
 
 
@@ -96,37 +94,21 @@ def to_trajectory(store: TraceStore, session: str, reward: float) -> Trajectory:
 
 
 def train_step(learner: Any, trajs: list[Trajectory], token_adv: list[list[float]]) -> dict[str, float]:
-    """One learner version on per-token advantages (aligned with each trajectory's ``token_ids``)."""
-    from posttrain.rl.learner import pack, token_logprobs
+    """One learner version (``Learner.update``) on per-token advantages aligned with each trajectory's ``token_ids``."""
+    from posttrain.rl.learner import pack
 
-    cfg = learner.config
     p = pack(trajs)
     adv = torch.zeros_like(p.behaviour)
     for i, a in enumerate(token_adv):
         adv[i, : len(a)] = torch.tensor(a)
-    learner.model.train()
-    with torch.no_grad():
-        lp_now = token_logprobs(learner.model, p, learner.temperature, learner.top_p)
-        keep = p.response_mask.clone()
-        if cfg.bkl_phi > 0:
-            keep &= bkl_mask_from_logprobs(lp_now, p.behaviour, BklConfig(cfg.bkl_phi))
-    lp = token_logprobs(learner.model, p, learner.temperature, learner.top_p)
-    loss, st = policy_loss(lp, p.behaviour, adv, p.response_mask, keep, cfg.clip)
-    learner.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if cfg.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(learner.model.parameters(), cfg.grad_clip)
-    learner.optimizer.step()
-    learner.version += 1
-    learner.model.eval()
+    m = learner.update(p, adv)
     # On-policy check: before the update, the learner's logprobs of the stored response tokens against the
     # behaviour logprobs the gateway captured (≈ 0 when the engine served this model; large for a scripted agent).
-    gap = (lp_now - p.behaviour).abs()[p.response_mask]
     return {
-        "loss": float(loss.detach()),
-        "clip_fraction": float(st.clip_fraction),
-        "kept": float(keep.sum()),
-        "max_behaviour_logprob_gap": float(gap.max()) if gap.numel() else 0.0,
+        "loss": m["loss"],
+        "clip_fraction": m["clip_fraction"],
+        "kept": m["kept_tokens"],
+        "max_behaviour_logprob_gap": m["mismatch_abs_max"],
     }
 
 
@@ -223,7 +205,7 @@ def run_agentic(config: AgenticConfig, out: str | Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
     model = build_tiny_causal_lm(vocab_size=1024, seed=config.seed)
-    learner = Learner(model, LearnerConfig(lr=config.lr, bkl_phi=0.0, seed=config.seed))
+    learner = Learner(model, LearnerConfig(lr=config.lr, bkl_phi=0.0, n_minibatches=1, seed=config.seed))
     agent = ScriptedAgent(tok)
     engine = ScriptedTokenEngine(agent) if config.engine == "scripted" else HFEngine(copy.deepcopy(model), capacity=8)
     store = TraceStore(out / "traces.sqlite")

@@ -173,8 +173,16 @@ class Learner:
         beh3[bi, gj] = p.behaviour
         tm3[bi, gj] = p.response_mask
         shaped = shape(rewards, beh3, tm3, gmask, cfg.shaping)
-        adv = shaped.advantages[bi, gj]  # [N]
+        metrics = self.update(p, shaped.advantages[bi, gj])
+        metrics["group_entropy"] = float(shaped.entropy.mean())
+        return metrics
 
+    def update(self, p: Packed, adv: Tensor) -> dict[str, float]:
+        """The policy update on packed trajectories with per-token advantages ``adv`` ``[N, T]``: BKL mask from
+        trainer vs behaviour logprobs, ``n_minibatches`` optimizer steps of Eq 29 (+ KL to the reference when
+        ``kl_beta``); ``version`` += 1. ``train`` calls it after shaping; agentic RL with its session credit."""
+        cfg = self.config
+        n = p.tokens.shape[0]
         self.model.train()
         with torch.no_grad():
             lp_now = token_logprobs(self.model, p, self.temperature, self.top_p)
@@ -186,8 +194,8 @@ class Learner:
             )
 
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.version)
-        order = torch.randperm(len(trajs), generator=gen)
-        chunks = [c for c in order.chunk(min(cfg.n_minibatches, len(trajs))) if len(c)]
+        order = torch.randperm(n, generator=gen)
+        chunks = [c for c in order.chunk(min(cfg.n_minibatches, n)) if len(c)]
         losses, clip_fracs, kls = [], [], []
         for idx in chunks:
             sub = p.select(idx)
@@ -209,12 +217,14 @@ class Learner:
         self.version += 1
         self.model.eval()
         n_resp = int(p.response_mask.sum())
+        gap = (lp_now - p.behaviour).abs()[p.response_mask]
         return {
             "loss": sum(losses) / len(losses),
             "clip_fraction": sum(clip_fracs) / len(clip_fracs),
+            "kept_tokens": float(keep.sum()),
             "bkl_masked_fraction": 1.0 - int(keep.sum()) / max(n_resp, 1),
-            "mismatch_abs_mean": float(((lp_now - p.behaviour).abs() * p.response_mask).sum() / max(n_resp, 1)),
-            "group_entropy": float(shaped.entropy.mean()),
+            "mismatch_abs_mean": float(gap.sum() / max(n_resp, 1)),
+            "mismatch_abs_max": float(gap.max()) if gap.numel() else 0.0,
             "kl": sum(kls) / len(kls) if kls else 0.0,
         }
 
