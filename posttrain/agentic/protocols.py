@@ -50,6 +50,22 @@ def _id(prefix: str) -> str:
 
 
 # -- OpenAI Chat Completions ---------------------------------------------------------------------------
+def conversation(
+    body: dict[str, Any], msgs: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: Any
+) -> Conversation:
+    """The canonical ``Conversation`` of a request: its messages and tools as the adapter read them, plus the
+    sampling fields every protocol names alike (temperature and top_p default to 1, ``stream``, ``model``)."""
+    return Conversation(
+        messages=msgs,
+        tools=tools,
+        max_tokens=int(max_tokens),
+        temperature=float(body.get("temperature") if body.get("temperature") is not None else 1.0),
+        top_p=float(body.get("top_p") if body.get("top_p") is not None else 1.0),
+        stream=bool(body.get("stream")),
+        model=body.get("model", "scifolio"),
+    )
+
+
 def parse_chat(body: dict[str, Any], default_max: int) -> Conversation:
     msgs = []
     for m in body.get("messages", []):
@@ -70,15 +86,7 @@ def parse_chat(body: dict[str, Any], default_max: int) -> Conversation:
         for t in body.get("tools") or []
         if t.get("type") == "function"
     ]
-    return Conversation(
-        messages=msgs,
-        tools=tools,
-        max_tokens=int(body.get("max_completion_tokens") or body.get("max_tokens") or default_max),
-        temperature=float(body.get("temperature") if body.get("temperature") is not None else 1.0),
-        top_p=float(body.get("top_p") if body.get("top_p") is not None else 1.0),
-        stream=bool(body.get("stream")),
-        model=body.get("model", "scifolio"),
-    )
+    return conversation(body, msgs, tools, body.get("max_completion_tokens") or body.get("max_tokens") or default_max)
 
 
 _CHAT_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
@@ -164,15 +172,7 @@ def parse_responses(body: dict[str, Any], default_max: int) -> Conversation:
         for t in body.get("tools") or []
         if t.get("type") == "function"
     ]
-    return Conversation(
-        messages=msgs,
-        tools=tools,
-        max_tokens=int(body.get("max_output_tokens") or default_max),
-        temperature=float(body.get("temperature") if body.get("temperature") is not None else 1.0),
-        top_p=float(body.get("top_p") if body.get("top_p") is not None else 1.0),
-        stream=bool(body.get("stream")),
-        model=body.get("model", "scifolio"),
-    )
+    return conversation(body, msgs, tools, body.get("max_output_tokens") or default_max)
 
 
 def _responses_items(g: Generation) -> list[dict[str, Any]]:
@@ -310,15 +310,7 @@ def parse_messages(body: dict[str, Any], default_max: int) -> Conversation:
         if text_parts:
             msgs.append({"role": "user", "content": "".join(text_parts)})
     tools = [canonical_tool(t["name"], t.get("description"), t.get("input_schema")) for t in body.get("tools") or []]
-    return Conversation(
-        messages=msgs,
-        tools=tools,
-        max_tokens=int(body.get("max_tokens") or default_max),
-        temperature=float(body.get("temperature") if body.get("temperature") is not None else 1.0),
-        top_p=float(body.get("top_p") if body.get("top_p") is not None else 1.0),
-        stream=bool(body.get("stream")),
-        model=body.get("model", "scifolio"),
-    )
+    return conversation(body, msgs, tools, body.get("max_tokens") or default_max)
 
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
