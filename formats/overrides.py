@@ -42,27 +42,66 @@ def parse_sets(items: Iterable[str]) -> dict[str, str]:
 def with_overrides(cfg: Any, overrides: Mapping[str, Any]) -> Any:
     """A copy of dataclass ``cfg`` with every ``dotted.key: value`` applied (see the module docstring).
 
+    An optional section that is ``None`` (``learner.shaping.gepo``) is created by the keys under it, which must
+    together name every field without a default; a partial section is an error naming the missing fields.
     Raises ``KeyError`` for an unknown key and ``ValueError``/``TypeError`` for a value that does not fit."""
-    for key, value in overrides.items():
-        cfg = _set(cfg, key.split("."), value, key)
+    pending = dict(overrides)
+    while pending:
+        key, value = next(iter(pending.items()))
+        del pending[key]
+        cfg = _set(cfg, key.split("."), value, key, pending, "")
     return cfg
 
 
-def _set(cfg: Any, path: list[str], value: Any, key: str) -> Any:
+def _set(cfg: Any, path: list[str], value: Any, key: str, pending: dict[str, Any], prefix: str) -> Any:
     if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
         raise KeyError(f"{key}: {'.'.join(path)} is not inside a config section")
     names = [f.name for f in dataclasses.fields(cfg)]
     head = path[0]
     if head not in names:
         raise KeyError(f"{key}: {type(cfg).__name__} has no field {head!r} (fields: {', '.join(names)})")
-    if len(path) > 1:
-        return dataclasses.replace(cfg, **{head: _set(getattr(cfg, head), path[1:], value, key)})
     hint = typing.get_type_hints(type(cfg))[head]
+    if len(path) > 1:
+        sub = getattr(cfg, head)
+        if sub is None:
+            sub = _create_section(hint, path[1:], value, key, pending, prefix + head + ".")
+            return dataclasses.replace(cfg, **{head: sub})
+        return dataclasses.replace(cfg, **{head: _set(sub, path[1:], value, key, pending, prefix + head + ".")})
     try:
         new = coerce(value, hint)
     except (ValueError, TypeError, SyntaxError) as e:
         raise type(e)(f"{key}: {e}") from None
     return dataclasses.replace(cfg, **{head: new})
+
+
+def _create_section(hint: Any, path: list[str], value: Any, key: str, pending: dict[str, Any], prefix: str) -> Any:
+    """Build an optional section that is None from every pending key under ``prefix`` (consumed here)."""
+    classes = [a for a in typing.get_args(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)]
+    if not classes:
+        raise KeyError(f"{key}: {prefix.rstrip('.')} is None and not an optional config section")
+    cls = classes[0]
+    sub = {".".join(path): value}
+    for k in [k for k in pending if k.startswith(prefix)]:
+        sub[k[len(prefix) :]] = pending.pop(k)
+    required = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    top = {k: v for k, v in sub.items() if "." not in k}
+    missing = [n for n in required if n not in top]
+    if missing:
+        raise ValueError(
+            f"{key}: {prefix.rstrip('.')} is not set; creating it needs every required field "
+            f"(missing: {', '.join(prefix + n for n in missing)})"
+        )
+    hints = typing.get_type_hints(cls)
+    try:
+        section = cls(**{n: coerce(top.pop(n), hints[n]) for n in required})
+    except (ValueError, TypeError, SyntaxError) as e:
+        raise type(e)(f"{prefix.rstrip('.')}: {e}") from None
+    rest = {k: v for k, v in sub.items() if k not in required}
+    return with_overrides(section, rest)
 
 
 def coerce(value: Any, hint: Any) -> Any:

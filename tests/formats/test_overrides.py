@@ -79,3 +79,18 @@ def test_parse_sets_wants_key_value():
     assert parse_sets(["a.b=1=2", "c="]) == {"a.b": "1=2", "c": ""}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_sets(["novalue"])
+
+
+def test_an_optional_section_is_created_by_its_keys_and_a_partial_one_names_what_is_missing():
+    from posttrain.rl.recipes import debug
+
+    keys = {f"learner.shaping.gepo.{k}": v for k, v in dict(h_low="0.5", h_high="6", c_low="0.25", c_high="2").items()}
+    cfg = with_overrides(debug(), {**keys, "steps": "3"})
+    g = cfg.learner.shaping.gepo
+    assert (g.h_low, g.h_high, g.c_low, g.c_high, cfg.steps) == (0.5, 6.0, 0.25, 2.0, 3)
+    with pytest.raises(ValueError, match=r"missing: learner.shaping.gepo.h_high, learner.shaping.gepo.c_low"):
+        with_overrides(debug(), {"learner.shaping.gepo.h_low": "0.5", "learner.shaping.gepo.c_high": "2"})
+    off = with_overrides(debug(), {"learner.shaping.length": "none"})
+    assert off.learner.shaping.length is None
+    back = with_overrides(off, {"learner.shaping.length.tau": "0.25"})  # defaults fill the rest
+    assert back.learner.shaping.length.tau == 0.25 and back.learner.shaping.length.alpha == 0.2
