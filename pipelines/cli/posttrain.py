@@ -36,16 +36,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="RL on a verifiable task with the partial-rollout scheduler",
         description="Collect with partial rollout, train with Eq 29 + BKL mask, sync, checkpoint; one metrics row per step.",
     )
-    rl.add_argument("--config", default="debug", help="recipe name (posttrain/rl/recipes.py: debug, small)")
+    rl.add_argument("--config", default="debug", help="recipe name (posttrain/rl/recipes.py: debug, debug-moe, small)")
     rl.add_argument("--out", required=True, help="run directory (metrics.jsonl, tb/, checkpoint/, policy/)")
     rl.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint (in-flight rollouts included)")
     add_set(rl, "steps=10, scheduler.partial=false, learner.lr=1e-3")
-    rl.add_argument("--ray", default=None, metavar="local|ADDRESS", help="rollout engines as Ray actors")
-    rl.add_argument("--engine-workers", type=int, default=2, help="with --ray: number of engine workers")
+    rl.add_argument(
+        "--ray", default=None, metavar="local|ADDRESS", help="rollout engines as Ray actors (= --set engine.ray=...)"
+    )
+    rl.add_argument(
+        "--engine-workers", type=int, default=2, help="with --ray: number of engine workers (= engine.workers)"
+    )
     rl.add_argument(
         "--speculative",
         action="store_true",
-        help="speculative rollouts with a draft trained online (= --set speculative.enabled=true; k via speculative.k)",
+        help="speculative rollouts with a draft trained online (= --set engine.kind=speculative; k via speculative.k)",
     )
     rl.add_argument("--no-progress", action="store_true", help="no progress bar")
     rl.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -72,6 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ag.add_argument("--config", default="debug", help="recipe name (posttrain/agentic/rl.py)")
     ag.add_argument("--out", required=True, help="run directory (traces.sqlite, metrics.jsonl)")
     add_set(ag, "steps=2, engine=hf")
+    ag.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     ag.set_defaults(func=run_agentic_cmd)
 
     ds = sub.add_parser(
@@ -100,7 +105,13 @@ def run_agentic_cmd(args: argparse.Namespace) -> int:
     if args.config not in RECIPES:
         print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
         return 2
-    metrics = run_agentic(apply_sets(RECIPES[args.config](), args.set), args.out)
+    cfg = apply_sets(RECIPES[args.config](), args.set)
+    if args.print_config:
+        import dataclasses
+
+        print(json.dumps(dataclasses.asdict(cfg), indent=2))
+        return 0
+    metrics = run_agentic(cfg, args.out)
     print(json.dumps(metrics, default=str))
     return 0
 
@@ -125,34 +136,28 @@ def run_distill(args: argparse.Namespace) -> int:
 
 
 def run_rl(args: argparse.Namespace) -> int:
+    from posttrain.rl.engines import EngineRefused, resolve
     from posttrain.rl.recipes import RECIPES, to_dict
 
     if args.config not in RECIPES:
         print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
         return 2
-    sets = [*args.set, "speculative.enabled=true"] if args.speculative else args.set
-    cfg = apply_sets(RECIPES[args.config](), sets)
+    sets = list(args.set)  # the flags are spellings of engine fields
+    if args.speculative:
+        sets.append("engine.kind=speculative")
+    if args.ray:
+        sets += [f"engine.ray={args.ray}", f"engine.workers={args.engine_workers}"]
+    try:
+        cfg = resolve(apply_sets(RECIPES[args.config](), sets))
+    except EngineRefused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.print_config:
         print(json.dumps(to_dict(cfg), indent=2))
         return 0
     from posttrain.rl.loop import run
 
-    make_engine = None
-    if args.ray:
-        try:
-            from posttrain import ray_actors
-        except ImportError as e:
-            print(f"error: --ray needs Ray and posttrain/ray_actors.py ({e})", file=sys.stderr)
-            return 2
-
-        def make_engine(weights, version):  # noqa: ANN001, ANN202
-            return ray_actors.rl_engine_on_ray(cfg, args.ray, args.engine_workers, weights, version)
-
-    try:
-        rows = run(cfg, args.out, resume=args.resume, progress=not args.no_progress, make_engine=make_engine)
-    finally:
-        if args.ray:
-            ray_actors.shutdown_ray()
+    rows = run(cfg, args.out, resume=args.resume, progress=not args.no_progress)
     if rows:
         last = rows[-1]
         print(f"step {last['step']}: reward {last['reward']:.3f}, policy at {args.out}/policy")

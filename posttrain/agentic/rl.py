@@ -97,7 +97,7 @@ def train_step(learner: Any, trajs: list[Trajectory], token_adv: list[list[float
     """One learner version (``Learner.update``) on per-token advantages aligned with each trajectory's ``token_ids``."""
     from posttrain.rl.learner import pack
 
-    p = pack(trajs)
+    p = pack(trajs, learner.version)
     adv = torch.zeros_like(p.behaviour)
     for i, a in enumerate(token_adv):
         adv[i, : len(a)] = torch.tensor(a)

@@ -14,8 +14,9 @@ initial policy). Logprobs use ``rollout.sampling.sampling_logprobs`` — the eng
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -32,9 +33,18 @@ class LearnerConfig:
     """Optimisation of one policy version."""
 
     lr: float = 1e-3
-    """AdamW learning rate (constant)."""
+    """Peak learning rate (AdamW's; with Muon the update is rescaled per matrix so the same lr carries over)."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """Decoupled weight decay (AdamW and Muon)."""
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """``muon``: ``torch.optim.Muon`` on the hidden 2-D matrices (``adjust_lr_fn="match_rms_adamw"``, Moonlight's
+    0.2·√max(A, B) scaling, so the AdamW lr applies), AdamW on embeddings, the head, norms and biases."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule over the run's optimizer steps (``steps × n_minibatches``)."""
+    min_lr_ratio: float = 0.2
+    """cosine: the final lr as a fraction of ``lr`` (S1-MO: 1/5)."""
+    warmup_steps: int = 0
+    """Linear warm-up (optimizer steps) before the schedule."""
     n_minibatches: int = 8
     """Optimizer steps per version (SPEC §C1: n = 8); the batch's trajectories are split evenly."""
     grad_clip: float = 1.0
@@ -47,6 +57,9 @@ class LearnerConfig:
     """KL penalty to the initial policy (k3 estimator); 0 = reference-free (default)."""
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
     """Eq 28 advantage pipeline (LenReg on, GEPO off by default: the report gives no thresholds)."""
+    replay_routes: bool = True
+    """R3: replay the engine's recorded expert choices in the learner's forward (MoE policies). Off only to
+    measure what routing replay prevents."""
     seed: int = 0
     """Seeds the minibatch order (a pure function of seed and version, so resume is exact)."""
 
@@ -62,6 +75,8 @@ class Packed:
     response_mask: Tensor  # [N, T] bool: real response token with loss_mask 1
     behaviour: Tensor  # [N, T] behaviour logprobs (0 on padding)
     versions: Tensor  # [N, T] int64 (-1 on padding)
+    matched: Tensor  # [N, T] the engine's logprob of each token under the learner's weights version (0 if none)
+    matched_mask: Tensor  # [N, T] bool: the engine saw this token at the learner's version (``matched`` is real)
     routes: list | None = None
     """Per row ``Trajectory.routed_experts`` (MoE policies, R3) or None: replayed in the learner's forward."""
 
@@ -72,10 +87,22 @@ class Packed:
         return Packed(*tensors, routes=routes)
 
 
-_TENSOR_FIELDS = ("input_ids", "attention_mask", "positions", "tokens", "response_mask", "behaviour", "versions")
+_TENSOR_FIELDS = (
+    "input_ids",
+    "attention_mask",
+    "positions",
+    "tokens",
+    "response_mask",
+    "behaviour",
+    "versions",
+    "matched",
+    "matched_mask",
+)
 
 
-def pack(trajs: list[Trajectory]) -> Packed:
+def pack(trajs: list[Trajectory], version: int | None = None) -> Packed:
+    """Right-padded tensors of ``trajs``; ``version``: the learner version they are trained at, whose engine
+    logprobs (``Trajectory.engine_logprobs_at``) fill ``matched`` for the matched-weights BKL mask."""
     n = len(trajs)
     seq = [t.prompt_ids + t.token_ids for t in trajs]
     L = max(len(s) for s in seq)
@@ -87,7 +114,13 @@ def pack(trajs: list[Trajectory]) -> Packed:
     rmask = torch.zeros(n, T, dtype=torch.bool)
     beh = torch.zeros(n, T, dtype=torch.float32)
     ver = torch.full((n, T), -1, dtype=torch.long)
+    matched = torch.zeros(n, T, dtype=torch.float32)
+    mmask = torch.zeros(n, T, dtype=torch.bool)
     for i, (t, s) in enumerate(zip(trajs, seq)):
+        if version is not None:
+            for j, lp in enumerate(t.engine_logprobs_at(version)):
+                if lp is not None:
+                    matched[i, j], mmask[i, j] = lp, True
         ids[i, : len(s)] = torch.tensor(s)
         att[i, : len(s)] = 1
         k, p = t.n_tokens, len(t.prompt_ids)
@@ -97,20 +130,30 @@ def pack(trajs: list[Trajectory]) -> Packed:
         beh[i, :k] = torch.tensor(t.logprobs)
         ver[i, :k] = torch.tensor(t.versions)
     routes = [t.routed_experts for t in trajs] if any(t.routed_experts for t in trajs) else None
-    return Packed(ids, att, pos, tok, rmask, beh, ver, routes)
+    return Packed(ids, att, pos, tok, rmask, beh, ver, matched, mmask, routes)
 
 
-def token_logprobs(model: torch.nn.Module, p: Packed, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
+def token_logprobs(
+    model: torch.nn.Module,
+    p: Packed,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    stats: dict[str, int] | None = None,
+) -> Tensor:
     """log π(y_t) of each response token under ``model`` with the engine's sampling transform: ``[N, T]``.
 
     When the trajectories carry routed experts (an MoE policy sampled with R3 recording), the forward replays
-    the engine's expert choices (``posttrain.r3``; gate weights still from the live router logits)."""
+    the engine's expert choices (``posttrain.r3``; gate weights still from the live router logits); ``stats``
+    then counts ``r3_replayed_tokens`` and ``r3_changed_routes`` (routes the live router would have changed)."""
     if p.routes is not None:
         from posttrain.r3 import replay_trajectories
 
         # Right padding: every row's prompt starts at column 0.
-        with replay_trajectories(model, p.routes, p.input_ids.shape[1], [0] * p.input_ids.shape[0]):
+        with replay_trajectories(model, p.routes, p.input_ids.shape[1], [0] * p.input_ids.shape[0]) as replay:
             logits = model(input_ids=p.input_ids, attention_mask=p.attention_mask, use_cache=False).logits
+        if stats is not None:
+            stats["r3_replayed_tokens"] = stats.get("r3_replayed_tokens", 0) + replay.replayed_tokens
+            stats["r3_changed_routes"] = stats.get("r3_changed_routes", 0) + replay.changed_routes
     else:
         logits = model(input_ids=p.input_ids, attention_mask=p.attention_mask, use_cache=False).logits
     idx = p.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
@@ -128,13 +171,20 @@ class Learner:
         temperature: float = 1.0,
         top_p: float = 1.0,
         version: int = 0,
+        total_versions: int = 1,
     ) -> None:
+        """``total_versions``: the run's learner steps (the cosine schedule's length)."""
         self.model = model
         self.config = config
         self.temperature = temperature
         self.top_p = top_p
         self.version = version
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizers = make_optimizers(model, config)
+        self.total_updates = max(1, total_versions * config.n_minibatches)
+        self.schedulers = [
+            torch.optim.lr_scheduler.LambdaLR(o, lambda u: lr_factor(u, config, self.total_updates))
+            for o in self.optimizers
+        ]
         self.reference = None
         if config.kl_beta > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -156,7 +206,7 @@ class Learner:
             raise ValueError(f"batch collected for version {batch.version}, learner is at {self.version}")
         groups = batch.groups
         trajs = [t for g in groups for t in g]
-        p = pack(trajs)
+        p = pack(trajs, self.version)
         B, G, T = len(groups), max(len(g) for g in groups), p.tokens.shape[1]
         rewards = torch.zeros(B, G)
         gmask = torch.zeros(B, G, dtype=torch.bool)
@@ -183,12 +233,20 @@ class Learner:
         ``kl_beta``); ``version`` += 1. ``train`` calls it after shaping; agentic RL with its session credit."""
         cfg = self.config
         n = p.tokens.shape[0]
+        if not cfg.replay_routes:
+            p.routes = None
         self.model.train()
+        r3: dict[str, int] = {}
         with torch.no_grad():
-            lp_now = token_logprobs(self.model, p, self.temperature, self.top_p)
+            lp_now = token_logprobs(self.model, p, self.temperature, self.top_p, stats=r3)
             keep = p.response_mask.clone()
+            # BKL (Eq 12–13) compares trainer and engine at the SAME weights (SPEC C3): each token against the
+            # engine's logprob under this learner version (sampled now, or re-prefilled after the last sync).
+            # Tokens the engine never saw at this version are not tested; their drift is the IS weight's job.
+            compared = p.response_mask & p.matched_mask
             if cfg.bkl_phi > 0:
-                keep &= bkl_mask_from_logprobs(lp_now, p.behaviour, BklConfig(cfg.bkl_phi))
+                ok = bkl_mask_from_logprobs(lp_now, p.matched, BklConfig(cfg.bkl_phi))
+                keep &= ok | ~compared
             ref = (
                 token_logprobs(self.reference, p, self.temperature, self.top_p) if self.reference is not None else None
             )
@@ -207,31 +265,83 @@ class Learner:
                 k3 = (d.exp() - 1 - d).masked_fill(~m, 0.0).sum() / m.sum().clamp(min=1)
                 loss = loss + cfg.kl_beta * k3
                 kls.append(float(k3.detach()))
-            self.optimizer.zero_grad(set_to_none=True)
+            for o in self.optimizers:
+                o.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            self.optimizer.step()
+            for o, sch in zip(self.optimizers, self.schedulers):
+                o.step()
+                sch.step()
             losses.append(float(loss.detach()))
             clip_fracs.append(float(st.clip_fraction))
         self.version += 1
         self.model.eval()
+        self.last_mask = {"compared": compared, "kept": keep, "response": p.response_mask}
+        """The last update's BKL bookkeeping (``[N, T]`` bools), for diagnostics and tests."""
         n_resp = int(p.response_mask.sum())
         gap = (lp_now - p.behaviour).abs()[p.response_mask]
-        return {
+        matched_gap = (lp_now - p.matched).abs()[compared]
+        out = {
             "loss": sum(losses) / len(losses),
             "clip_fraction": sum(clip_fracs) / len(clip_fracs),
             "kept_tokens": float(keep.sum()),
             "bkl_masked_fraction": 1.0 - int(keep.sum()) / max(n_resp, 1),
+            "bkl_compared_fraction": int(compared.sum()) / max(n_resp, 1),
+            # behaviour gap: drift across versions + engine mismatch (what the IS weight corrects)
             "mismatch_abs_mean": float(gap.sum() / max(n_resp, 1)),
             "mismatch_abs_max": float(gap.max()) if gap.numel() else 0.0,
+            # the same weights on both sides: engine vs trainer numerics only (what BKL and R3 are about)
+            "matched_mismatch_abs_max": float(matched_gap.max()) if matched_gap.numel() else 0.0,
             "kl": sum(kls) / len(kls) if kls else 0.0,
+            "lr": self.schedulers[0].get_last_lr()[0],
         }
+        if p.routes is not None:
+            out["r3_replayed_tokens"] = float(r3.get("r3_replayed_tokens", 0))
+            out["r3_changed_routes"] = float(r3.get("r3_changed_routes", 0))
+        return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version}
+        return {
+            "model": self.model.state_dict(),
+            "optimizers": [o.state_dict() for o in self.optimizers],
+            "schedulers": [s.state_dict() for s in self.schedulers],
+            "version": self.version,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        for o, st in zip(self.optimizers, state["optimizers"], strict=True):
+            o.load_state_dict(st)
+        for sch, st in zip(self.schedulers, state["schedulers"], strict=True):
+            sch.load_state_dict(st)
         self.version = int(state["version"])
+
+
+def make_optimizers(model: torch.nn.Module, cfg: LearnerConfig) -> list[torch.optim.Optimizer]:
+    """AdamW on everything, or Muon on the hidden matrices + AdamW on the rest (``LearnerConfig.optimizer``).
+
+    Muon orthogonalises 2-D updates, which suits the hidden weight matrices only: embeddings and the output head
+    (tied or not) are lookup tables / classifiers, and norms and biases are vectors, so they stay on AdamW."""
+    params = [(n, q) for n, q in model.named_parameters() if q.requires_grad]
+    if cfg.optimizer == "adamw":
+        return [torch.optim.AdamW([q for _, q in params], lr=cfg.lr, weight_decay=cfg.weight_decay)]
+    if cfg.optimizer != "muon":
+        raise ValueError(f"learner.optimizer={cfg.optimizer!r} (adamw | muon)")
+    io = {id(m.weight) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None}
+    hidden = [q for _, q in params if q.ndim == 2 and id(q) not in io]
+    rest = [q for _, q in params if not (q.ndim == 2 and id(q) not in io)]
+    muon = torch.optim.Muon(hidden, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
+    return [muon, torch.optim.AdamW(rest, lr=cfg.lr, weight_decay=cfg.weight_decay)]
+
+
+def lr_factor(update: int, cfg: LearnerConfig, total: int) -> float:
+    """Multiplier of ``lr`` after ``update`` optimizer steps: linear warm-up, then constant or cosine to
+    ``min_lr_ratio`` at ``total``."""
+    if cfg.warmup_steps and update < cfg.warmup_steps:
+        return (update + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    span = max(1, total - cfg.warmup_steps)
+    progress = min(1.0, (update - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from formats.overrides import with_overrides
+from posttrain.rl.engines import EngineConfig
 from posttrain.rl.learner import LearnerConfig
 from posttrain.rollout.engines.speculative import SpeculativeConfig
 from posttrain.rollout.scheduler import SchedulerConfig
@@ -38,6 +39,12 @@ class PolicyConfig:
     """Tiny policy only: initialisation seed."""
     attn_implementation: str = "sdpa"
     """The same attention implementation on engine and learner (their logprobs must agree)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """The engine's copy of the policy (the precision map: the learner keeps fp32 master weights and computes
+    logprobs and the loss in fp32; the engine samples in this dtype; sampling logprobs are fp32 math on its
+    logits)."""
+    arch: Literal["qwen2", "qwen2_moe"] = "qwen2"
+    """Tiny policy only: dense Qwen2, or Qwen2-MoE (4 experts, top-2) to exercise R3."""
 
 
 @dataclass(frozen=True)
@@ -87,14 +94,16 @@ class RLConfig:
     """One RL post-training run."""
 
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """The rollout engine: kind (hf | speculative | fused | vllm | scripted) and placement (in process or Ray)."""
     task: TaskConfig = field(default_factory=TaskConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
-    """Speculative rollouts with a draft trained online (``--speculative`` / ``--set speculative.k=4``)."""
+    """The draft of ``engine.kind=speculative`` (``enabled`` / ``--speculative`` are spellings of that kind)."""
     memdec: MemdecRolloutConfig = field(default_factory=MemdecRolloutConfig)
-    """Rollouts decoded with the Memory Decoder fused on the policy (``--set memdec.enabled=true``)."""
+    """Memory and router of ``engine.kind=fused`` (``memdec.enabled=true`` is a spelling of that kind)."""
     engine_capacity: int = 80
     """Concurrent requests in the rollout engine."""
     steps: int = 60
@@ -134,7 +143,15 @@ def small(**overrides: Any) -> RLConfig:
     return with_overrides(cfg, overrides)
 
 
-RECIPES: dict[str, Callable[..., RLConfig]] = {"debug": debug, "small": small}
+def debug_moe(**overrides: Any) -> RLConfig:
+    """``debug`` on a tiny Qwen2-MoE policy (4 experts, top-2): R3 records routes in the engine and the learner
+    replays them; every metrics row reports ``r3_replayed_tokens``."""
+    cfg = debug()
+    cfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, arch="qwen2_moe"), steps=20)
+    return with_overrides(cfg, overrides)
+
+
+RECIPES: dict[str, Callable[..., RLConfig]] = {"debug": debug, "debug-moe": debug_moe, "small": small}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

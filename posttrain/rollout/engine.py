@@ -48,8 +48,9 @@ class ExpertsRecorder(Protocol):
     The engine calls ``begin()`` right before each model forward and ``end()`` right after it;
     ``end`` returns the expert ids the routers chose in that forward as a ``[batch, seq, n_layers,
     top_k]`` integer tensor aligned with the forward's ``input_ids`` (left padding included). The
-    engine appends, per trajectory, the rows of positions it had not recorded before (a re-prefill
-    after a resume recomputes known positions; their recorded routes are kept, not overwritten).
+    engine records, per trajectory, one row per fed position (a re-prefill after a resume recomputes
+    known positions under the new weights and replaces their rows: the routes behind the engine's
+    current KV and its rescored logprobs, which the learner replays at that version).
     """
 
     def begin(self) -> None: ...

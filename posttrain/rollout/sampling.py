@@ -54,3 +54,12 @@ def draw(logp: Tensor, uniforms: Tensor) -> Tensor:
     u = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]  # scale by the total so float rounding cannot overrun
     idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     return idx.clamp(max=logp.shape[-1] - 1)
+
+
+def token_logprobs_of(logits: Tensor, tokens: list[int], temperature: float = 1.0, top_p: float = 1.0) -> list[float]:
+    """``logits`` ``[n, V]`` whose row j predicts ``tokens[j]`` → the tokens' logprobs under the sampling
+    transform (what an engine records when it re-prefills kept tokens after a weight sync)."""
+    if not tokens:
+        return []
+    lp = sampling_logprobs(logits, temperature, top_p)
+    return lp.gather(-1, torch.tensor(tokens).unsqueeze(-1)).squeeze(-1).tolist()

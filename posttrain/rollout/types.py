@@ -120,6 +120,13 @@ class Trajectory:
     """Set by the scheduler's verifier once finished."""
     attempt: int = 0
     """How many times this request was restarted from scratch (stale discard)."""
+    rescored_logprobs: list[float] = field(default_factory=list)
+    """The engine's logprobs of the first ``len(rescored_logprobs)`` tokens recomputed when it last re-prefilled
+    them (a resume after a weight sync), under the weights of ``rescored_version``. With the logprobs of tokens
+    sampled at a version, these give the engine's view at the *learner's* version of every token the engine saw
+    at that version: the BKL mask compares trainer and engine at the same weights (SPEC C3), not across versions."""
+    rescored_version: int = -1
+    """Version of the weights behind ``rescored_logprobs`` (-1: never re-prefilled)."""
 
     @property
     def request_id(self) -> str:
@@ -159,6 +166,22 @@ class Trajectory:
         self.versions.append(int(version))
         self.loss_mask.append(1 if trained else 0)
 
+    def rescore(self, logprobs: list[float], version: int) -> None:
+        """Record the engine's logprobs of the kept tokens recomputed at ``version`` (a re-prefill)."""
+        if len(logprobs) != self.n_tokens:
+            raise ValueError(f"{self.request_id}: {len(logprobs)} rescored logprobs for {self.n_tokens} tokens")
+        self.rescored_logprobs, self.rescored_version = [float(x) for x in logprobs], int(version)
+
+    def engine_logprobs_at(self, version: int) -> list[float | None]:
+        """Per token, the engine's logprob under the weights of ``version``, or None where it has none: a token
+        sampled at ``version`` has its behaviour logprob; an older one its re-prefilled logprob when the last
+        re-prefill was at ``version``."""
+        rescored = self.rescored_logprobs if self.rescored_version == version else []
+        return [
+            lp if v == version else (rescored[i] if i < len(rescored) else None)
+            for i, (lp, v) in enumerate(zip(self.logprobs, self.versions))
+        ]
+
     def validate(self) -> None:
         n = len(self.token_ids)
         if not (len(self.logprobs) == len(self.versions) == len(self.loss_mask) == n):
@@ -172,6 +195,7 @@ class Trajectory:
         self.routed_experts = [] if self.routed_experts is not None else None
         self.finish_reason = None
         self.reward = None
+        self.rescored_logprobs, self.rescored_version = [], -1
         self.attempt += 1
 
     def to_dict(self) -> dict[str, Any]:

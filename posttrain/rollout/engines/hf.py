@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from posttrain.rollout.engine import ExpertsRecorder, QueuedEngine, StepOutput
-from posttrain.rollout.sampling import draw, sampling_logprobs, token_uniform
+from posttrain.rollout.sampling import draw, sampling_logprobs, token_logprobs_of, token_uniform
 from posttrain.rollout.types import Request, Trajectory
 
 
@@ -136,6 +136,14 @@ class HFEngine(QueuedEngine):
             off = lmax - len(q)
             r.kv = [(k[i : i + 1, :, off:], v[i : i + 1, :, off:]) for k, v in kv]
             self._record(r.traj, experts[i : i + 1] if experts is not None else None, 0, len(q), offset=off)
+            t = r.traj
+            if t.n_tokens:  # resumed: the kept tokens' logprobs under the weights loaded now (matched-weights BKL)
+                p0 = off + len(t.prompt_ids) - 1
+                pr = t.request.params
+                t.rescore(
+                    token_logprobs_of(logits[i, p0 : p0 + t.n_tokens], t.token_ids, pr.temperature, pr.top_p),
+                    self._version,
+                )
             rows.append((r, logits[i, -1]))
         return rows
 
@@ -168,14 +176,21 @@ class HFEngine(QueuedEngine):
         return rows
 
     def _record(self, traj: Trajectory, experts: Tensor | None, start: int, stop: int, offset: int = 0) -> None:
-        """Append routes of fed positions [start, stop) not recorded yet (``offset`` = left padding)."""
+        """Record the routes of fed positions [start, stop) (``offset`` = left padding). A re-prefill after a resume
+        recomputes known positions under the new weights: their routes are replaced, so the recorded routes are
+        always those behind the engine's current KV and its rescored logprobs, and the learner's replay at that
+        version reproduces the engine's forward (matched weights, SPEC C3)."""
         if traj.routed_experts is None:
             return
         if experts is None:
             raise RuntimeError(f"{traj.request_id} asks for routed experts but the engine has no experts_recorder")
         have = len(traj.routed_experts)
-        for p in range(max(start, have), stop):
-            traj.routed_experts.append(experts[0, p - start + offset].tolist())
+        for p in range(start, stop):
+            row = experts[0, p - start + offset].tolist()
+            if p < have:
+                traj.routed_experts[p] = row
+            else:
+                traj.routed_experts.append(row)
 
     def _sample(self, rows: list[tuple[_Running, Tensor]]) -> None:
         # One sampling transform per (temperature, top_p) among the rows, one inverse-CDF draw for all of them.

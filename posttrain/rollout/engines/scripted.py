@@ -43,7 +43,10 @@ class ScriptedEngine(QueuedEngine):
         length_fn: Callable[[Trajectory], int] = default_length,
         version: int = 0,
         stop_token: int = -1,
+        vocab: int = 1000,
     ) -> None:
+        self.vocab = vocab
+        """Token ids are drawn below this (a model's vocabulary size when a learner trains on them)."""
         self._capacity = capacity
         self._version = version
         self.length_fn = length_fn
@@ -101,7 +104,7 @@ class ScriptedEngine(QueuedEngine):
             length = max(1, min(self.length_fn(t), limit))
             pos = t.n_tokens
             last = pos + 1 == length
-            tok = self.stop_token if (last and length < limit and self.stop_token >= 0) else scripted_token(t, pos)
+            tok = self.stop_token if (last and length < limit and self.stop_token >= 0) else scripted_token(t, pos, self.vocab)
             t.append(tok, scripted_logprob(pos, self._version), self._version)
             out.new_tokens[t.request_id] = [tok]
             if last:

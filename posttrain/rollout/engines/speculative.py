@@ -39,7 +39,7 @@ from torch import Tensor
 
 from posttrain import speculative
 from posttrain.rollout.engine import QueuedEngine, StepOutput
-from posttrain.rollout.sampling import sampling_logprobs
+from posttrain.rollout.sampling import sampling_logprobs, token_logprobs_of
 from posttrain.rollout.types import Request, Trajectory
 
 KV = list[tuple[Tensor, Tensor]]
@@ -214,9 +214,14 @@ class SpeculativeEngine(QueuedEngine):
                     r.kv_p, r.kv_d = [], []
                 continue
             ids = torch.tensor([(r.traj.prompt_ids + r.traj.token_ids)[:-1] for r in rs])
-            _, kv_p = self._forward(self.model, ids, None)
+            logits, kv_p = self._forward(self.model, ids, None)
             _, kv_d = self._forward(self.draft, ids, None)
             for i, r in enumerate(rs):
+                t = r.traj
+                if t.n_tokens:  # resumed: kept tokens' logprobs under the weights loaded now (matched-weights BKL)
+                    p0, pr = len(t.prompt_ids) - 1, t.request.params
+                    rows = logits[i, p0 : p0 + t.n_tokens].double()
+                    t.rescore(token_logprobs_of(rows, t.token_ids, pr.temperature, pr.top_p), self._version)
                 r.kv_p = [(k[i : i + 1], v[i : i + 1]) for k, v in kv_p]
                 r.kv_d = [(k[i : i + 1], v[i : i + 1]) for k, v in kv_d]
 

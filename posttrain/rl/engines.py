@@ -1,0 +1,291 @@
+"""Which rollout engine a run uses: ``EngineConfig`` → one picklable ``EngineFactory``, in process or on Ray.
+
+    scifolio posttrain rl --config debug --out runs/rl --set engine.kind=speculative --set engine.ray=local
+    scifolio posttrain rl --config debug-moe --out runs/moe          # MoE policy: R3 recording switches itself on
+
+The driver calls the factory once in process, or starts ``engine.workers`` Ray actors from the same factory
+(``posttrain.ray_actors``). ``--speculative``, ``--ray`` and ``memdec.enabled`` are spellings of these fields.
+
+| kind          | in process | Ray (``engine.ray``) |
+|---------------|------------|----------------------|
+| ``hf``        | works (R3 for MoE) | works (R3 for MoE) |
+| ``speculative`` | works (dense only) | works (dense only) |
+| ``fused``     | works (dense only) | refused: the router's λ statistics are read from the engine in the driver |
+| ``vllm``      | needs vLLM on a GPU (``pip install vllm``): refused here with that message | same |
+| ``scripted``  | works (virtual-clock test engine, no model) | refused: a test double has no weights to ship |
+
+An MoE policy (detected from its config) records routed experts in the engine and the learner replays them (R3);
+an MoE policy on an engine kind that cannot record them is refused, never run with live routing.
+The precision map: the engine holds the policy in ``policy.dtype`` (bfloat16 or float32); the learner keeps fp32
+master weights; logprobs, the loss and the BKL test are computed in fp32 on both sides (``sampling_logprobs``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+
+from posttrain.rollout.engine import RolloutEngine
+
+KINDS = ("hf", "speculative", "fused", "vllm", "scripted")
+CAN_RECORD_ROUTES = ("hf", "vllm")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The rollout engine of an RL run."""
+
+    kind: Literal["hf", "speculative", "fused", "vllm", "scripted"] = "hf"
+    """``hf`` (transformers, CPU/GPU), ``speculative`` (draft trained online), ``fused`` (Memory Decoder rollouts),
+    ``vllm`` (GPU), ``scripted`` (virtual clock, tests)."""
+    ray: str | None = None
+    """None: in this process; ``local``: a local Ray; ``HOST:PORT``: join that cluster (``--ray``)."""
+    workers: int = 2
+    """Engine workers on Ray (capacity is split evenly between them)."""
+
+
+class EngineRefused(ValueError):
+    """A kind × placement pair (or a policy on a kind) that cannot run; the message says which and why."""
+
+
+def resolve(cfg: Any) -> Any:
+    """The run config with the legacy spellings folded into ``engine`` and every refusal raised up front."""
+    kind = cfg.engine.kind
+    spelled = [k for k, on in (("speculative", cfg.speculative.enabled), ("fused", cfg.memdec.enabled)) if on]
+    if len(spelled) > 1:
+        raise EngineRefused("speculative.enabled and memdec.enabled both set: one engine kind per run")
+    if spelled:
+        if kind not in ("hf", spelled[0]):
+            raise EngineRefused(f"engine.kind={kind} contradicts {spelled[0]} spelled by its enabled flag")
+        kind = spelled[0]
+    cfg = replace(
+        cfg,
+        engine=replace(cfg.engine, kind=kind),
+        speculative=replace(cfg.speculative, enabled=kind == "speculative"),
+        memdec=replace(cfg.memdec, enabled=kind == "fused"),
+    )
+    where = "in process" if cfg.engine.ray is None else f"on Ray ({cfg.engine.ray})"
+    if kind not in KINDS:
+        raise EngineRefused(f"engine.kind={kind!r}: choose from {', '.join(KINDS)}")
+    if kind == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            raise EngineRefused(
+                f"engine.kind=vllm {where}: vLLM is not installed (it needs a CUDA GPU): pip install vllm"
+            ) from None
+        if cfg.policy.path is None:
+            raise EngineRefused("engine.kind=vllm needs policy.path (vLLM loads the model from a directory or name)")
+    if kind == "fused" and cfg.engine.ray is not None:
+        raise EngineRefused(
+            "engine.kind=fused on Ray: refused. The fused model's router λ statistics (memdec_lambda_mean) are read "
+            "from the engine in the driver's process; run the fused engine in process (no engine.ray)"
+        )
+    if kind == "scripted" and cfg.engine.ray is not None:
+        raise EngineRefused(
+            "engine.kind=scripted on Ray: refused. The scripted engine is a test double with no "
+            "weights to ship; run it in process"
+        )
+    if cfg.engine.ray is not None and cfg.engine.workers < 1:
+        raise EngineRefused(f"engine.workers={cfg.engine.workers}: at least one Ray worker")
+    if policy_is_moe(cfg.policy) and kind not in CAN_RECORD_ROUTES:
+        raise EngineRefused(
+            f"an MoE policy on engine.kind={kind}: refused. That engine cannot record routed experts, so the "
+            f"learner could not replay them (R3) and would train on live routing; use engine.kind=hf or vllm"
+        )
+    return cfg
+
+
+# -- models ------------------------------------------------------------------------------------------------------
+def policy_is_moe(policy: Any) -> bool:
+    """Whether the policy routes tokens to experts, from its config alone (no weights loaded)."""
+    if policy.path is None:
+        return policy.arch == "qwen2_moe"
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(policy.path)
+    c = getattr(c, "text_config", None) or c
+    return any(
+        int(getattr(c, k, 0) or 0) > 1
+        for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+    )
+
+
+def build_policy(cfg: Any, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, Any]:
+    """(policy model, tokenizer): ``policy.path``, or the tiny debug policy (Qwen2 or Qwen2-MoE) built on the spot."""
+    p = cfg.policy
+    if p.path is None:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        from posttrain.rl.task import char_tokenizer
+
+        tok = char_tokenizer()
+        torch.manual_seed(p.seed)
+        h = p.hidden_size
+        common = dict(
+            vocab_size=len(tok),
+            hidden_size=h,
+            num_hidden_layers=p.num_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        if p.arch == "qwen2_moe":
+            from posttrain.tiny_moe import tiny_moe_config
+
+            mcfg = tiny_moe_config(vocab_size=len(tok), hidden_size=h, num_layers=p.num_layers)
+            for k, v in common.items():
+                setattr(mcfg, k, v)
+            from transformers import Qwen2MoeForCausalLM
+
+            return Qwen2MoeForCausalLM(mcfg).to(dtype), tok
+        mcfg = Qwen2Config(intermediate_size=2 * h, attn_implementation=p.attn_implementation, **common)
+        return Qwen2ForCausalLM(mcfg).to(dtype), tok
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(p.path, dtype=dtype, attn_implementation=p.attn_implementation)
+    return model, AutoTokenizer.from_pretrained(p.tokenizer or p.path)
+
+
+def engine_dtype(cfg: Any) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.policy.dtype]
+
+
+def build_draft(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
+    """The speculative draft: ``speculative.draft_path`` or, for the tiny policy, a narrower/shallower Qwen2."""
+    spec = cfg.speculative
+    if spec.draft_path is not None:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(
+            spec.draft_path, dtype=torch.float32, attn_implementation=cfg.policy.attn_implementation
+        )
+    if cfg.policy.path is not None:
+        raise ValueError("speculative decoding with a policy.path needs speculative.draft_path")
+    from transformers import Qwen2ForCausalLM
+
+    mcfg = copy.deepcopy(policy.config)
+    mcfg.hidden_size = max(8, int(cfg.policy.hidden_size * spec.draft_scale) // 8 * 8)
+    mcfg.intermediate_size = 2 * mcfg.hidden_size
+    mcfg.num_hidden_layers = max(1, int(cfg.policy.num_layers * spec.draft_scale))
+    if hasattr(mcfg, "layer_types"):
+        mcfg.layer_types = mcfg.layer_types[: mcfg.num_hidden_layers]
+    torch.manual_seed(cfg.policy.seed + 1)
+    return Qwen2ForCausalLM(mcfg).float().eval()
+
+
+def build_fused(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
+    """``FusedLM(policy, memory, router)`` (Eq 3 rollouts): the memory from ``memdec.memory`` (``scifolio memdec
+    train``'s directory) or, for the tiny policy, a random half-width Qwen2 on its vocabulary; the router from
+    ``memdec.router`` or untrained."""
+    from posttrain.memdec.fused import FusedLM
+    from posttrain.memory_decoder import Router, RouterConfig
+
+    m = cfg.memdec
+    if m.memory is not None:
+        from transformers import AutoModelForCausalLM
+
+        memory = AutoModelForCausalLM.from_pretrained(
+            m.memory, dtype=torch.float32, attn_implementation=cfg.policy.attn_implementation
+        ).eval()
+    elif cfg.policy.path is not None:
+        raise ValueError("the fused engine with a policy.path needs memdec.memory (a trained memory directory)")
+    else:
+        from transformers import Qwen2ForCausalLM
+
+        mcfg = copy.deepcopy(policy.config)
+        mcfg.hidden_size = max(8, cfg.policy.hidden_size // 2 // 8 * 8)
+        mcfg.intermediate_size = 2 * mcfg.hidden_size
+        torch.manual_seed(cfg.policy.seed + 2)
+        memory = Qwen2ForCausalLM(mcfg).float().eval()
+    if m.router is not None:
+        from posttrain.memdec.train import load_router
+
+        router = load_router(m.router)
+    else:
+        router = Router(RouterConfig(policy.config.hidden_size, memory.config.hidden_size))
+    return FusedLM(policy, memory, router)
+
+
+# -- the factory ---------------------------------------------------------------------------------------------------
+class EngineFactory:
+    """Picklable: builds the run's engine (``cfg.engine.kind``) with ``capacity`` slots where it is called."""
+
+    def __init__(self, cfg: Any, capacity: int, version: int = 0) -> None:
+        self.cfg, self.capacity, self.version = cfg, capacity, version
+
+    def __call__(self) -> RolloutEngine:
+        cfg, kind = self.cfg, self.cfg.engine.kind
+        if kind == "scripted":
+            from posttrain.rollout.engines.scripted import ScriptedEngine
+
+            vocab = build_policy(cfg)[0].config.vocab_size if cfg.policy.path is None else None
+            if vocab is None:
+                from transformers import AutoConfig
+
+                vocab = AutoConfig.from_pretrained(cfg.policy.path).vocab_size
+            return ScriptedEngine(capacity=self.capacity, version=self.version, vocab=vocab)
+        if kind == "vllm":
+            from posttrain.rollout.engines.vllm import VLLMConfig, VLLMEngine
+
+            return VLLMEngine(
+                VLLMConfig(
+                    model=cfg.policy.path,
+                    capacity=self.capacity,
+                    version=self.version,
+                    return_routed_experts=policy_is_moe(cfg.policy),
+                    engine_args={"dtype": cfg.policy.dtype},
+                )
+            )
+        policy = build_policy(cfg, engine_dtype(cfg))[0].eval()
+        if kind == "speculative":
+            from posttrain.rollout.engines.speculative import SpeculativeEngine
+
+            return SpeculativeEngine(
+                policy,
+                build_draft(cfg, policy).eval(),
+                k=cfg.speculative.k,
+                capacity=self.capacity,
+                version=self.version,
+            )
+        from posttrain.rollout.engines.hf import HFEngine
+
+        model = build_fused(cfg, policy) if kind == "fused" else policy
+        engine = HFEngine(model, capacity=self.capacity, version=self.version)
+        if policy_is_moe(cfg.policy):
+            from posttrain.r3 import EngineRoutingRecorder
+
+            engine.experts_recorder = EngineRoutingRecorder(engine.model)
+        return engine
+
+
+def start_engine(cfg: Any, weights: dict[str, torch.Tensor], version: int) -> RolloutEngine:
+    """The run's engine at the learner's exact ``weights`` and ``version``: built in process, or as
+    ``engine.workers`` Ray actors from the same factory (Ray started or joined here)."""
+    if cfg.engine.ray is None:
+        engine = EngineFactory(cfg, cfg.engine_capacity)()
+    else:
+        from posttrain import ray_actors
+
+        ray_actors.ensure_ray(cfg.engine.ray, cfg.engine.workers)
+        per_worker = max(1, cfg.engine_capacity // cfg.engine.workers)
+        engine = ray_actors.ray_rollout_engine(EngineFactory(cfg, per_worker), cfg.engine.workers)
+    if cfg.engine.kind != "scripted":
+        engine.update_weights(weights, version)
+    elif version:
+        engine.update_weights({}, version)
+    return engine
+
+
+def stop_engine(cfg: Any) -> None:
+    if cfg.engine.ray is not None:
+        from posttrain import ray_actors
+
+        ray_actors.shutdown_ray()
