@@ -33,11 +33,13 @@ test:
 test-fast:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -m "not slow and not integration"
 
-# ruff, then the import contracts of .importlinter (layers, Beam/Ray confinement, no import loops).
+# ruff, then the import contracts of .importlinter (layers, Beam/Ray confinement, no import loops), then
+# .ci/check_atomic_writes.py (every write-and-rename goes through formats.fs).
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/python .ci/check_atomic_writes.py
 
 bench:
 	$(BIN)/python benchmarks/build_throughput.py

@@ -90,6 +90,26 @@ def open_output(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
             os.unlink(tmp)
 
 
+def commit(tmp: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Move a finished local file that a library wrote at ``tmp`` (a parquet writer, ``save_pretrained``) over
+    ``path`` in one rename. The one place outside ``open_output`` that renames (``make lint`` checks it)."""
+    os.replace(tmp, path)
+
+
+def swap_dir(tmp: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Put a finished directory ``tmp`` in place of ``path``: the old one is renamed aside first and removed
+    only after the new one is in place, so a crash leaves one complete directory (``path`` or ``path.old``)."""
+    import shutil
+
+    path = os.fspath(path)
+    old = path + ".old"
+    if os.path.exists(path):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     with open_output(path) as f:
         f.write(data)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from formats import fs
 from pretrain.config import ModelConfig, ObjectiveConfig
 from pretrain.objective import info_nce, text_loss, total_loss
 
@@ -166,10 +167,8 @@ class VisualPretrainModel(nn.Module):
             self._cache.popitem(last=False)
         if write and self.cfg.feature_cache:
             path = Path(self.cfg.feature_cache) / f"{key.replace('@', '_')}.pt"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            torch.save(feat.detach().cpu().clone(), tmp)
-            tmp.replace(path)
+            with fs.open_output(path) as f:
+                torch.save(feat.detach().cpu().clone(), f)
 
     # --- forward ---
 

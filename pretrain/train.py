@@ -10,7 +10,6 @@ every rank's data cursor and RNG states, so ``--resume`` continues the exact sam
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -53,12 +52,13 @@ def train(cfg: TrainConfig, resume: bool = False) -> list[dict[str, Any]]:
     loader = ShardLoader(cfg.data, rank, world, record_weights=record)
     ckpt_dir = Path(cfg.out_dir) / "ckpt"
     step = 0
-    if resume and (ckpt_dir / "latest").exists():
+    resume = resume and (ckpt_dir / "latest").exists()
+    if resume:
         _, client = engine.load_checkpoint(str(ckpt_dir), load_module_strict=False)
         step = int(client["step"])
         loader.load_state_dict(client["data"][rank])
         set_rng_state(client["rng"][rank])
-    log = MetricsLogger(cfg, rank)
+    log = MetricsLogger(cfg, rank, resume=resume, step=step)
 
     while step < cfg.max_steps:
         started, sums, tokens, samples, spans = time.perf_counter(), torch.zeros(4), 0, 0, []
@@ -171,18 +171,17 @@ def all_gather_object(obj: Any) -> list[Any]:
 
 
 class MetricsLogger:
-    """stdout + ``metrics.jsonl`` (appended across resumes) + TensorBoard, on rank 0 only."""
+    """stdout + the run directory's ``metrics.jsonl`` and TensorBoard (``formats.rundir.RunDir``), on rank 0 only;
+    a resumed run's rows past its checkpoint are trimmed, so no step appears twice."""
 
-    def __init__(self, cfg: TrainConfig, rank: int) -> None:
+    def __init__(self, cfg: TrainConfig, rank: int, resume: bool = False, step: int = 0) -> None:
+        from formats.rundir import RunDir
+
         self.rank, self.records = rank, []
-        self._jsonl = self._tb = None
-        if rank == 0:
-            Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
-            self._jsonl = open(Path(cfg.out_dir) / "metrics.jsonl", "a")
-            if cfg.tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(Path(cfg.out_dir) / "tb"))
+        self.run = RunDir(cfg.out_dir, resume=resume, tensorboard=cfg.tensorboard, rank=rank, checkpoint="ckpt/latest")
+        if resume:
+            self.run.trim(step)
+        self.run.write_config({"train": _jsonable(cfg)})
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -196,18 +195,16 @@ class MetricsLogger:
             ),
             flush=True,
         )
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
-        if self._tb is not None:
-            for k, v in record.items():
-                if isinstance(v, float):
-                    self._tb.add_scalar(f"train/{k}", v, record["step"])
+        self.run.log(record)
 
     def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
+        self.run.close()
+
+
+def _jsonable(cfg: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
 
 
 def _float(x: Any) -> float | None:

@@ -74,7 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "stops), Eq 30 session credit on the stored token spans, learner steps; traces.sqlite + metrics.jsonl.",
     )
     ag.add_argument("--config", default="debug", help="recipe name (posttrain/agentic/rl.py)")
-    ag.add_argument("--out", required=True, help="run directory (traces.sqlite, metrics.jsonl)")
+    ag.add_argument("--out", required=True, help="run directory (traces.sqlite, metrics.jsonl, checkpoint/, policy/)")
+    ag.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint after a crash / kill -9")
     add_set(ag, "steps=2, engine=hf")
     ag.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     ag.set_defaults(func=run_agentic_cmd)
@@ -86,7 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "only); Eq 33 advantage against the batch's proximal student; one metrics row per step.",
     )
     ds.add_argument("--config", default="debug", help="recipe name (posttrain/rl/distill.py: debug)")
-    ds.add_argument("--out", required=True, help="run directory (metrics.jsonl, student/)")
+    ds.add_argument("--out", required=True, help="run directory (metrics.jsonl, checkpoint/, policy/)")
+    ds.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint after a crash / kill -9")
     add_set(ds, "steps=4")
     ds.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     ds.add_argument("--no-progress", action="store_true", help="do not print each row")
@@ -111,7 +113,7 @@ def run_agentic_cmd(args: argparse.Namespace) -> int:
 
         print(json.dumps(dataclasses.asdict(cfg), indent=2))
         return 0
-    metrics = run_agentic(cfg, args.out)
+    metrics = run_agentic(cfg, args.out, resume=args.resume)
     print(json.dumps(metrics, default=str))
     return 0
 
@@ -128,10 +130,10 @@ def run_distill(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(dataclasses.asdict(cfg), indent=2))
         return 0
-    rows = run(cfg, args.out, progress=not args.no_progress)
+    rows = run(cfg, args.out, progress=not args.no_progress, resume=args.resume)
     last = rows[-1]
     kl = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k.startswith("rkl_"))
-    print(f"step {last['step']}: {kl}; student at {args.out}/student")
+    print(f"step {last['step']}: {kl}; student at {args.out}/policy")
     return 0
 
 

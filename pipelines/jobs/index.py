@@ -118,7 +118,7 @@ def stage_batch(rows: Sequence[IndexRow], bulk_dir: str, n_shards: int) -> int:
     files = write_bulk_files(rows, str(tmp), n_shards)
     for shard, paths in files.items():
         for part, path in enumerate(paths):
-            os.replace(path, Path(bulk_dir) / f"s{shard:02d}-{batch}-{part:05d}.parquet")
+            fs.commit(path, Path(bulk_dir) / f"s{shard:02d}-{batch}-{part:05d}.parquet")
     shutil.rmtree(tmp, ignore_errors=True)
     return len({r.sha256 for r in rows})  # write_bulk_files folds repeats, as upsert does
 
@@ -278,7 +278,7 @@ def dedupe_staged(files: Sequence[Path]) -> int:
         if table.num_rows:
             tmp = f.with_name(f".{f.name}.tmp")
             pq.write_table(table, tmp)
-            os.replace(tmp, f)
+            fs.commit(tmp, f)
         else:
             f.unlink()
     return dropped

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from formats import fs
 from formats.records import Document, Dropped, Page
 
 BLOCKS_SCHEMA = pa.schema(
@@ -144,7 +145,7 @@ def run_parse(
                                 target.write_bytes(crop.png)
                 else:
                     dropped.append(item)
-    tmp.replace(out / "blocks.parquet")
+    fs.commit(tmp, out / "blocks.parquet")
     if view:
         write_view_index(view_dir, drawn)
     counts["dropped"] = len(dropped)

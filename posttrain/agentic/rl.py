@@ -17,9 +17,9 @@ from __future__ import annotations
 import copy
 import json
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from posttrain.agentic.tasks import INFRA, HarnessRun, SimpleHarness, Task, codi
 from posttrain.agentic.traces import TraceStore
 from posttrain.credit import Step, annotate, segment_advantages
 from posttrain.rollout.types import Request, Trajectory
+
+if TYPE_CHECKING:
+    from posttrain.rollout.scheduler import Batch
 
 
 # -- credit on stored spans ----------------------------------------------------------------------------
@@ -191,64 +194,114 @@ RECIPES = {"debug": debug}
 """Named configs for ``scifolio posttrain agentic --config NAME``."""
 
 
-def run_agentic(config: AgenticConfig, out: str | Path) -> dict[str, Any]:
-    """What ``scifolio posttrain agentic --config debug --out DIR`` runs. Writes ``traces.sqlite`` and
-    ``metrics.jsonl`` under ``out``; returns the last step's metrics."""
-    from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
-    from posttrain.agentic.scripted import ScriptedTokenEngine
-    from posttrain.agentic.tiny import build_tokenizer
-    from posttrain.rl.learner import Learner, LearnerConfig
-    from posttrain.rollout.engines.hf import HFEngine
-    from posttrain.tiny_lm import build_tiny_causal_lm
+class AgenticStage:
+    """``posttrain agentic`` as a stage of the one driver (``posttrain.rl.loop.run_stage``): per step, one group of
+    harness sessions per task through the gateway (the rollout workflow), graded by the task's verifier, credited by
+    Eq 30 on the trace store's token spans, one ``Learner.update``. Sessions are named ``TASK-vSTEP.rRESUME:ROLLOUT``:
+    a step redone after a crash gets fresh sessions, never the half-stored ones of the killed attempt."""
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
-    model = build_tiny_causal_lm(vocab_size=1024, seed=config.seed)
-    learner = Learner(model, LearnerConfig(lr=config.lr, bkl_phi=0.0, n_minibatches=1, seed=config.seed))
-    agent = ScriptedAgent(tok)
-    engine = ScriptedTokenEngine(agent) if config.engine == "scripted" else HFEngine(copy.deepcopy(model), capacity=8)
-    store = TraceStore(out / "traces.sqlite")
-    gw = Gateway(engine, tok, GatewayConfig(default_max_tokens=192, max_context=2048), store=store)
-    tasks = coding_tasks()[: config.n_tasks]
-    tools = {"write_file", "read_file", "run_tests"}
-    metrics: dict[str, Any] = {}
-    with ServerThread(build_app(gw)) as url, (out / "metrics.jsonl").open("a") as log:
-        for step in range(config.steps):
-            trajs, advs, rewards_all, infra = [], [], [], 0
-            for task in tasks:
-                sessions, rewards, weights = [], [], []
-                for r in range(config.group_size):
-                    sid = f"{task.task_id}-v{step}:{r}"
-                    agent.assign(sid, behaviour_replies(task, BEHAVIOURS[(r + step) % len(BEHAVIOURS)]))
-                    with tempfile.TemporaryDirectory() as tmp:
-                        work = task.setup(Path(tmp))
-                        run = SimpleHarness(url + "/v1", sid, max_turns=config.max_turns).run(task.objective, work)
-                        verdict = verify(task, work)
-                    if verdict.status == INFRA or sid not in store.session_calls:
-                        infra += 1
-                        continue
-                    sessions.append(sid)
-                    rewards.append(float(verdict.reward))
-                    weights.append(annotate(session_steps(store, sid, run, tools), tools))
-                if len(sessions) < 2:
+    name = "posttrain agentic"
+
+    def __init__(self, config: AgenticConfig, out: str | Path) -> None:
+        from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
+        from posttrain.agentic.scripted import ScriptedTokenEngine
+        from posttrain.agentic.tiny import build_tokenizer
+        from posttrain.rl.learner import Learner, LearnerConfig
+        from posttrain.rollout.engines.hf import HFEngine
+        from posttrain.tiny_lm import build_tiny_causal_lm
+
+        self.cfg, self.steps = config, config.steps
+        Path(out).mkdir(parents=True, exist_ok=True)
+        self.tokenizer = tok = build_tokenizer()
+        model = build_tiny_causal_lm(vocab_size=1024, seed=config.seed)
+        lcfg = LearnerConfig(lr=config.lr, bkl_phi=0.0, n_minibatches=1, seed=config.seed)
+        self.learner = Learner(model, lcfg, total_versions=config.steps)
+        self.agent = ScriptedAgent(tok)
+        hf = config.engine == "hf"
+        self.engine = HFEngine(copy.deepcopy(model), capacity=8) if hf else ScriptedTokenEngine(self.agent)
+        self.store = TraceStore(Path(out) / "traces.sqlite")
+        gw = Gateway(self.engine, tok, GatewayConfig(default_max_tokens=192, max_context=2048), store=self.store)
+        self._server = ServerThread(build_app(gw))
+        self.url = self._server.__enter__()
+        self.tasks = coding_tasks()[: config.n_tasks]
+        self.tools = {"write_file", "read_file", "run_tests"}
+        self.step_index, self.attempt = 0, 0
+        self._advs: dict[str, list[float]] = {}
+        self._stats: dict[str, float] = {}
+
+    def config(self) -> dict[str, Any]:
+        return asdict(self.cfg)
+
+    def warmup(self) -> None:
+        return None
+
+    def collect(self) -> Batch:
+        from posttrain.rollout.scheduler import Batch
+
+        cfg, step = self.cfg, self.step_index
+        groups, rewards_all, infra, self._advs = [], [], 0, {}
+        for task in self.tasks:
+            sessions, rewards, weights = [], [], []
+            for r in range(cfg.group_size):
+                sid = f"{task.task_id}-v{step}.r{self.attempt}:{r}"
+                self.agent.assign(sid, behaviour_replies(task, BEHAVIOURS[(r + step) % len(BEHAVIOURS)]))
+                with tempfile.TemporaryDirectory() as tmp:
+                    work = task.setup(Path(tmp))
+                    run = SimpleHarness(self.url + "/v1", sid, max_turns=cfg.max_turns).run(task.objective, work)
+                    verdict = verify(task, work)
+                if verdict.status == INFRA or sid not in self.store.session_calls:
+                    infra += 1
                     continue
-                a = loo_advantages(torch.tensor([rewards]))[0].tolist()
-                advs += [
-                    adv[store.session_export(s)["spans"][0][0] :]
-                    for s, adv in zip(sessions, session_credit(store, sessions, a, weights))
-                ]
-                trajs += [to_trajectory(store, s, rw) for s, rw in zip(sessions, rewards)]
-                rewards_all += rewards
-            m = train_step(learner, trajs, advs) if trajs else {"loss": 0.0}
-            if config.engine == "hf":
-                engine.update_weights(learner.weights(), learner.version)
-            metrics = {"step": step, "reward_mean": sum(rewards_all) / max(len(rewards_all), 1), "infra": infra, **m}
-            metrics["sessions"] = len(trajs)
-            log.write(json.dumps(metrics) + "\n")
-            log.flush()
-    metrics["stored_tokens"] = store.stored_tokens()
-    metrics["flat_tokens"] = store.flat_tokens()
+                sessions.append(sid)
+                rewards.append(float(verdict.reward))
+                weights.append(annotate(session_steps(self.store, sid, run, self.tools), self.tools))
+            if len(sessions) < 2:
+                continue
+            a = loo_advantages(torch.tensor([rewards]))[0].tolist()
+            for s, adv in zip(sessions, session_credit(self.store, sessions, a, weights)):
+                self._advs[s] = adv[self.store.session_export(s)["spans"][0][0] :]
+            groups.append([to_trajectory(self.store, s, rw) for s, rw in zip(sessions, rewards)])
+            rewards_all += rewards
+        self.step_index += 1
+        self._stats = {"reward_mean": sum(rewards_all) / max(len(rewards_all), 1), "infra": infra}
+        return Batch(groups=groups, version=self.learner.version, stats=dict(self._stats))
+
+    def train(self, batch: Batch) -> dict[str, Any]:
+        trajs = [t for g in batch.groups for t in g]
+        if not trajs:
+            return {"loss": 0.0}
+        return train_step(self.learner, trajs, [self._advs[t.request_id] for t in trajs])
+
+    def sync(self) -> None:
+        if self.cfg.engine == "hf":  # the scripted agent has no weights; the tiny model serves the learner's
+            self.engine.update_weights(self.learner.weights(), self.learner.version)
+
+    def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
+        trajs = [t for g in batch.groups for t in g]
+        return {"reward": self._stats["reward_mean"], **self._stats, **metrics, "sessions": len(trajs)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step_index": self.step_index, "attempt": self.attempt}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step_index, self.attempt = state["step_index"], state["attempt"] + 1
+        self.sync()
+
+    def close(self) -> None:
+        self._server.__exit__(None, None, None)
+
+
+def run_agentic(config: AgenticConfig, out: str | Path, resume: bool = False, progress: bool = False) -> dict[str, Any]:
+    """What ``scifolio posttrain agentic --config debug --out DIR`` runs: the one driver over an ``AgenticStage``.
+    Writes ``traces.sqlite``, ``metrics.jsonl``, ``checkpoint/`` and ``policy/`` under ``out``; returns the last
+    step's metrics with the trace store's token counts."""
+    from posttrain.rl.loop import run_stage
+
+    stage = AgenticStage(config, out)
+    rows = run_stage(stage, out, resume=resume, progress=progress)
+    metrics = dict(rows[-1]) if rows else {}
+    metrics["stored_tokens"] = stage.store.stored_tokens()
+    metrics["flat_tokens"] = stage.store.flat_tokens()
     return metrics
 
 

@@ -15,7 +15,6 @@ Then :func:`write_knn_targets` turns real search results into Eq 1 distributions
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -23,6 +22,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from formats import fs
 from posttrain.memdec.data import POSITION_BITS, Example, collate, forward, shifted
 from posttrain.memory_decoder import knn_distribution
 
@@ -60,9 +60,7 @@ def encode_keys(base, examples: Sequence[Example], pad_id: int) -> tuple[np.ndar
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)  # atomic: a reader sees the old cursor or the new one, never half of one
+    fs.write_text(path, json.dumps(obj))  # atomic: a reader sees the old cursor or the new one, never half of one
 
 
 def build_datastore(
@@ -180,7 +178,7 @@ def write_knn_targets(
             n_pos += off
             if progress is not None:
                 progress(len(part))
-    os.replace(tmp, out_path)
+    fs.commit(tmp, out_path)
     return {"examples": len(examples), "positions": n_pos}
 
 

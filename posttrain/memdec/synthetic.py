@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from formats import fs
+
 SPECIALS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]")
 
 NOUNS = "cat dog bird horse child farmer teacher river house garden road tree boat city market window door \
@@ -111,10 +113,7 @@ def domain_examples(cfg: SyntheticConfig, rng: random.Random) -> tuple[list[dict
 
 
 def write_jsonl(path: Path, rows: list[dict[str, str]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
+    fs.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 

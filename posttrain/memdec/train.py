@@ -8,7 +8,6 @@ streamed sparse kNN targets, checkpoint/resume), and the λ router (Eq 4, base a
 from __future__ import annotations
 
 import math
-import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from formats import fs
 from posttrain.memdec.data import Batch, Example, batches, collate, forward, gold, shifted
 from posttrain.memory_decoder import Router, RouterConfig, router_loss, sparse_memory_loss
 
@@ -97,14 +97,11 @@ def targets_batch(rows: list[dict], pad_id: int) -> tuple[Batch, torch.Tensor, t
 
 def _save(ckpt: Path, model, opt, sched, step: int) -> None:
     """Write model + trainer state to a temp dir, then swap it in (a crash keeps the previous checkpoint)."""
-    tmp, old = ckpt.with_name(ckpt.name + ".tmp"), ckpt.with_name(ckpt.name + ".old")
+    tmp = ckpt.with_name(ckpt.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(str(tmp))
     torch.save({"step": step, "opt": opt.state_dict(), "sched": sched.state_dict()}, tmp / "trainer.pt")
-    if ckpt.exists():
-        os.replace(ckpt, old)
-    os.replace(tmp, ckpt)
-    shutil.rmtree(old, ignore_errors=True)
+    fs.swap_dir(tmp, ckpt)
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
@@ -223,9 +220,8 @@ def train_router(
 
 def save_router(router: Router, path: Path, config: RouterConfig) -> None:
     cfg = {"base_hidden": config.base_hidden, "memory_hidden": config.memory_hidden, "width": config.width}
-    tmp = path.with_suffix(".tmp")
-    torch.save({"state": router.state_dict(), "config": cfg}, tmp)
-    os.replace(tmp, path)
+    with fs.open_output(path) as f:
+        torch.save({"state": router.state_dict(), "config": cfg}, f)
 
 
 def load_router(path: Path) -> Router:

@@ -21,8 +21,6 @@ Run the tests: ``python -m pytest tests/posttrain/rl/test_distill_stage.py -q``
 from __future__ import annotations
 
 import copy
-import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +29,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain.distill import DomainRoute, DomainRouter, TeacherConfig, TeacherScorer, distill_loss
+from posttrain.distill import DomainRoute, DomainRouter, TeacherConfig, TeacherScorer, opd_advantage
 from posttrain.policy_loss import ClipConfig
 from posttrain.rl.learner import pack, token_logprobs
 from posttrain.rollout.engines.hf import HFEngine
 from posttrain.rollout.sampling import sampling_logprobs
+from posttrain.rollout.scheduler import Batch
 from posttrain.rollout.types import Request, SamplingParams, Trajectory
 
 DOMAINS = ("reasoning", "agentic")
@@ -148,22 +147,112 @@ def train_teacher(cfg: DistillConfig, domain: str) -> torch.nn.Module:
 
 # -- the stage ---------------------------------------------------------------------------------------------------
 class DistillStage:
-    """Student + engine + router + teachers; ``step()`` = sample, route/score, train, sync."""
+    """``posttrain distill`` as a stage of the one driver (``posttrain.rl.loop.run_stage``): the student samples
+    on-policy through its engine (the rollout workflow), each query is scored by its own domain's teacher, and the
+    learner's update takes the OPD advantage λ_d·(log π_T − log π_prox) against the proximal student it computes
+    at the start of the update (the Eq 29 objective with ``distill_loss``'s advantage)."""
 
-    def __init__(self, cfg: DistillConfig, student: torch.nn.Module, teachers: dict[str, torch.nn.Module]) -> None:
-        self.cfg = cfg
+    name = "posttrain distill"
+
+    def __init__(
+        self, cfg: DistillConfig, student: torch.nn.Module, teachers: dict[str, torch.nn.Module], tokenizer: Any = None
+    ) -> None:
+        from posttrain.rl.learner import Learner, LearnerConfig
+
+        self.cfg, self.steps, self.tokenizer = cfg, cfg.steps, tokenizer
+        lcfg = LearnerConfig(
+            lr=cfg.lr,
+            n_minibatches=1,
+            update_epochs=cfg.updates_per_batch,
+            clip=ClipConfig(eps_low=cfg.clip_low, eps_high=cfg.clip_high),
+            bkl_phi=0.0,
+            grad_clip=0.0,
+            seed=cfg.seed,
+        )
+        self.learner = Learner(student, lcfg, temperature=cfg.temperature, total_versions=cfg.steps)
         self.student = student
         self.teachers = teachers
         self.router = DomainRouter({d: DomainRoute(teacher=d, weight=cfg.weights.get(d, 1.0)) for d in teachers})
         self.scorer = TeacherScorer(TeacherConfig(path="<in-process>"))
         self.engine = HFEngine(copy.deepcopy(student).eval(), capacity=256)
-        self.opt = torch.optim.Adam(student.parameters(), lr=cfg.lr)
         self.gen = torch.Generator().manual_seed(cfg.seed + 1)
-        self.version = 0
         self.teacher_calls: list[tuple[str, list[str]]] = []
-        """(teacher, request ids it scored) per call: what crossed to which teacher (tests check the routing)."""
         eval_gen = torch.Generator().manual_seed(cfg.seed + 999_999)
         self.eval_prompts = {d: prompts(cfg, d, cfg.eval_queries, eval_gen) for d in teachers}
+        self._step = 0
+        self._scored: tuple[Tensor, Tensor] | None = None
+        self._prox: Tensor | None = None
+
+    # -- the driver's stage protocol ----------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        import dataclasses
+
+        return dataclasses.asdict(self.cfg)
+
+    def warmup(self) -> dict[str, Any]:
+        """Step 0: the held-out reverse KL before OPD (after the optional SFT warm-up on teacher samples)."""
+        row: dict[str, Any] = {}
+        if self.cfg.sft_steps:
+            row["sft_loss"] = self.sft_warmup()[-1]
+        return {**row, **self.evaluate()}
+
+    def collect(self) -> Batch:
+        cfg = self.cfg
+        self._step += 1
+        by_domain = {d: prompts(cfg, d, cfg.queries_per_domain, self.gen) for d in self.teachers}
+        seeds = 1000 * self._step
+        trajs = self._sample(self.engine, self._requests(f"s{self._step}", by_domain, cfg.samples_per_query, seeds))
+        self._scored = self.teacher_logprobs(trajs)
+        groups: dict[str, list[Trajectory]] = {}
+        for t in trajs:
+            groups.setdefault(t.group_id, []).append(t)
+        return Batch(groups=list(groups.values()), version=self.learner.version, stats={})
+
+    def train(self, batch: Batch) -> dict[str, Any]:
+        trajs = [t for g in batch.groups for t in g]  # the order collect scored them in
+        teacher_lp, weights = self._scored
+        p = pack(trajs)
+
+        def advantage(prox: Tensor) -> Tensor:  # Eq 33–36: λ_d · sg[log π_T − log π_prox] on response tokens
+            self._prox = prox
+            adv = torch.where(p.response_mask, opd_advantage(teacher_lp, prox), torch.zeros_like(prox))
+            return adv * weights.to(adv.dtype).unsqueeze(-1)
+
+        m = self.learner.update(p, advantage)
+        row: dict[str, Any] = {"loss": m["loss"], "clip_fraction": m["clip_fraction"]}
+        domains = [t.request.meta["domain"] for t in trajs]
+        for d in self.teachers:
+            rows = torch.tensor([x == d for x in domains])
+            mask = p.response_mask[rows]
+            gap = ((self._prox[rows] - teacher_lp[rows]) * mask).sum() / mask.sum()
+            row[f"gap_{d}"] = float(gap)  # mean log π_S − log π_T on the student's own samples
+        row.update(self.evaluate())
+        return row
+
+    def sync(self) -> None:
+        self.engine.update_weights(self.learner.weights(), self.learner.version)
+
+    def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {"version": self.learner.version, **metrics}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"gen": self.gen.get_state(), "step": self._step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.gen.set_state(state["gen"])
+        self._step = state["step"]
+        self.sync()
+
+    def close(self) -> None:
+        pass
+
+    def step(self, step: int) -> dict[str, Any]:
+        """One driver step without a run directory (collect, train, sync): for tests and notebooks."""
+        self._step = step - 1
+        batch = self.collect()
+        row = {"step": step, **self.row(batch, self.train(batch))}
+        self.sync()
+        return row
 
     def _requests(self, tag: str, by_domain: dict[str, list[list[int]]], n: int, seed0: int) -> list[Request]:
         reqs = []
@@ -210,46 +299,15 @@ class DistillStage:
             self.student.train()
             lp = token_logprobs(self.student, p)
             loss = -(lp * p.response_mask).sum() / p.response_mask.sum()
-            self.opt.zero_grad(set_to_none=True)
+            for opt in self.learner.optimizers:
+                opt.zero_grad(set_to_none=True)
             loss.backward()
-            self.opt.step()
+            for opt in self.learner.optimizers:
+                opt.step()
             losses.append(float(loss.detach()))
-        self._sync()
-        return losses
-
-    def _sync(self) -> None:
-        self.version += 1
-        self.engine.update_weights({k: v.detach().clone() for k, v in self.student.state_dict().items()}, self.version)
-
-    def step(self, step: int) -> dict[str, Any]:
-        cfg = self.cfg
-        by_domain = {d: prompts(cfg, d, cfg.queries_per_domain, self.gen) for d in self.teachers}
-        trajs = self._sample(self.engine, self._requests(f"s{step}", by_domain, cfg.samples_per_query, 1000 * step))
-        p = pack(trajs)
-        teacher_lp, weights = self.teacher_logprobs(trajs)
-        with torch.no_grad():  # π_prox: the student frozen at the start of this batch
-            prox = token_logprobs(self.student, p, cfg.temperature)
-        clip = ClipConfig(eps_low=cfg.clip_low, eps_high=cfg.clip_high)
-        self.student.train()
-        loss_val = 0.0
-        for _ in range(cfg.updates_per_batch):
-            lp = token_logprobs(self.student, p, cfg.temperature)
-            loss, _ = distill_loss(lp, prox, teacher_lp, p.response_mask, weights, p.behaviour, clip)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            self.opt.step()
-            loss_val = float(loss.detach())
         self.student.eval()
-        self._sync()
-        row: dict[str, Any] = {"step": step, "version": self.version, "loss": loss_val}
-        domains = [t.request.meta["domain"] for t in trajs]
-        for d in self.teachers:
-            rows = torch.tensor([x == d for x in domains])
-            m = p.response_mask[rows]
-            gap = ((prox[rows] - teacher_lp[rows]) * m).sum() / m.sum()
-            row[f"gap_{d}"] = float(gap)  # mean log π_S − log π_T on the student's own samples
-        row.update(self.evaluate())
-        return row
+        self.sync()
+        return losses
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -270,6 +328,16 @@ class DistillStage:
         return out
 
 
+def _tokenizer_of(path: str) -> Any:
+    """The student directory's tokenizer, or None when it has none (a bare model: exported without one)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
 def build(cfg: DistillConfig) -> DistillStage:
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -281,34 +349,17 @@ def build(cfg: DistillConfig) -> DistillStage:
         from transformers import AutoModelForCausalLM
 
         student = AutoModelForCausalLM.from_pretrained(cfg.student_path, dtype=torch.float32, local_files_only=True)
+        tokenizer = _tokenizer_of(cfg.student_path)
     else:
-        student = tiny_lm(cfg.vocab_size, cfg.student_hidden, seed=cfg.seed)
-    return DistillStage(cfg, student.eval(), teachers)
+        student, tokenizer = tiny_lm(cfg.vocab_size, cfg.student_hidden, seed=cfg.seed), None
+    return DistillStage(cfg, student.eval(), teachers, tokenizer)
 
 
-def run(cfg: DistillConfig, out: str | Path, progress: bool = False) -> list[dict[str, Any]]:
-    """Build, (optionally) SFT warm-up, then ``cfg.steps`` OPD steps; one metrics row per step."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    stage = build(cfg)
-    metrics = out / "metrics.jsonl"
-    metrics.unlink(missing_ok=True)
-    rows = []
-    start = {"step": 0, "version": stage.version, **stage.evaluate()}
-    if cfg.sft_steps:
-        start["sft_loss"] = stage.sft_warmup()[-1]
-        start.update(stage.evaluate())
-    rows.append(start)
-    with open(metrics, "a") as f:
-        f.write(json.dumps(start) + "\n")
-        for step in range(1, cfg.steps + 1):
-            t0 = time.perf_counter()
-            row = stage.step(step)
-            row["step_s"] = time.perf_counter() - t0
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            rows.append(row)
-            if progress:
-                print(json.dumps(row), flush=True)
-    stage.student.save_pretrained(out / "student")
-    return rows
+def run(cfg: DistillConfig, out: str | Path, progress: bool = False, resume: bool = False) -> list[dict[str, Any]]:
+    """The one driver over a ``DistillStage``: step 0 (SFT warm-up + evaluation), then ``cfg.steps`` OPD steps;
+    ``out/policy`` is the distilled student. Returns every row, step 0 included."""
+    from formats.rundir import RunDir
+    from posttrain.rl.loop import run_stage
+
+    rows = run_stage(build(cfg), out, resume=resume, progress=progress)
+    return [r for r in RunDir(out, resume=True).rows() if r["step"] == 0] + rows

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,7 +47,9 @@ class LearnerConfig:
     warmup_steps: int = 0
     """Linear warm-up (optimizer steps) before the schedule."""
     n_minibatches: int = 8
-    """Optimizer steps per version (SPEC §C1: n = 8); the batch's trajectories are split evenly."""
+    """Optimizer steps per pass over the batch (SPEC §C1: n = 8); the batch's trajectories are split evenly."""
+    update_epochs: int = 1
+    """Passes over the batch per version (each reshuffled into ``n_minibatches``)."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (0 = off)."""
     clip: ClipConfig = field(default_factory=ClipConfig)
@@ -180,7 +183,7 @@ class Learner:
         self.top_p = top_p
         self.version = version
         self.optimizers = make_optimizers(model, config)
-        self.total_updates = max(1, total_versions * config.n_minibatches)
+        self.total_updates = max(1, total_versions * config.n_minibatches * config.update_epochs)
         self.schedulers = [
             torch.optim.lr_scheduler.LambdaLR(o, lambda u: lr_factor(u, config, self.total_updates))
             for o in self.optimizers
@@ -227,10 +230,12 @@ class Learner:
         metrics["group_entropy"] = float(shaped.entropy.mean())
         return metrics
 
-    def update(self, p: Packed, adv: Tensor) -> dict[str, float]:
+    def update(self, p: Packed, adv: Tensor | Callable[[Tensor], Tensor]) -> dict[str, float]:
         """The policy update on packed trajectories with per-token advantages ``adv`` ``[N, T]``: BKL mask from
-        trainer vs behaviour logprobs, ``n_minibatches`` optimizer steps of Eq 29 (+ KL to the reference when
-        ``kl_beta``); ``version`` += 1. ``train`` calls it after shaping; agentic RL with its session credit."""
+        trainer vs engine logprobs at matched weights, ``update_epochs`` × ``n_minibatches`` optimizer steps of
+        Eq 29 (+ KL to the reference when ``kl_beta``); ``version`` += 1. ``train`` calls it after shaping, agentic
+        RL with its session credit, OPD with ``adv`` a function of the proximal logprobs (the batch-start policy's,
+        computed here): ``adv(lp_prox)`` → ``[N, T]``."""
         cfg = self.config
         n = p.tokens.shape[0]
         if not cfg.replay_routes:
@@ -251,9 +256,13 @@ class Learner:
                 token_logprobs(self.reference, p, self.temperature, self.top_p) if self.reference is not None else None
             )
 
+        if callable(adv):
+            adv = adv(lp_now)
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.version)
-        order = torch.randperm(n, generator=gen)
-        chunks = [c for c in order.chunk(min(cfg.n_minibatches, n)) if len(c)]
+        chunks = []
+        for _ in range(cfg.update_epochs):
+            order = torch.randperm(n, generator=gen)
+            chunks += [c for c in order.chunk(min(cfg.n_minibatches, n)) if len(c)]
         losses, clip_fracs, kls = [], [], []
         for idx in chunks:
             sub = p.select(idx)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -56,6 +56,166 @@ def sampling_params(cfg: RLConfig, tokenizer: Any) -> SamplingParams:
     )
 
 
+class Stage(Protocol):
+    """A recipe of the driver: what feeds the learner and how it learns. ``posttrain rl`` (``RLStage``: the
+    partial-rollout scheduler over a verifiable task), ``posttrain agentic`` (harness sessions through the gateway,
+    ``posttrain.agentic.rl``) and ``posttrain distill`` (on-policy distillation, ``posttrain.rl.distill``)."""
+
+    name: str
+    steps: int
+    learner: Learner
+    tokenizer: Any
+
+    def config(self) -> dict[str, Any]: ...
+
+    def warmup(self) -> dict[str, Any] | None:
+        """Work before the first step of a fresh run (an SFT warm-up); its row is logged as step 0."""
+
+    def collect(self) -> Batch: ...
+
+    def train(self, batch: Batch) -> dict[str, Any]:
+        """One learner version on ``batch`` (the stage's objective) and what comes with it (draft chase, evals)."""
+
+    def sync(self) -> None:
+        """Load the learner's new weights into the rollout side."""
+
+    def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def run_stage(
+    stage: Stage,
+    out: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    export_every: int = 0,
+) -> list[dict[str, Any]]:
+    """The driver: collect → train → sync → log/checkpoint, ``stage.steps`` times; the policy goes to ``out/policy``.
+
+    A checkpoint holds the step, the learner and the stage's state; rows are written before it, and ``resume``
+    trims rows (and ``trained.jsonl``) newer than it, so a kill -9 anywhere loses nothing and trains nothing twice.
+    """
+    run_dir = RunDir(out, resume=resume, logs=("trained.jsonl",))
+    rows: list[dict[str, Any]] = []
+    try:
+        start = 0
+        if resume:
+            state = run_dir.load_checkpoint(lambda p: torch.load(p, weights_only=False))
+            start = int(state["step"])
+            stage.learner.load_state_dict(state["learner"])
+            stage.load_state_dict(state["stage"])
+            run_dir.trim(start)
+        run_dir.write_config(stage.config())
+        if not resume and (warm := stage.warmup()) is not None:
+            run_dir.log({"step": 0, **warm})
+        bar = _bar(progress, stage.steps, start, stage.name)
+        for step in range(start + 1, stage.steps + 1):
+            t0 = time.perf_counter()
+            batch = stage.collect()
+            t1 = time.perf_counter()
+            metrics = stage.train(batch)
+            stage.sync()
+            row = {"step": step, **stage.row(batch, metrics), "rollout_s": t1 - t0, "train_s": time.perf_counter() - t1}
+            ids = [t.request_id for g in batch.groups for t in g]
+            run_dir.log(row)
+            run_dir.log({"step": step, "ids": ids, "dapo_dropped": batch.dropped}, file="trained.jsonl")
+            ckpt = {"step": step, "learner": stage.learner.state_dict(), "stage": stage.state_dict()}
+            run_dir.save_checkpoint(lambda f, c=ckpt: torch.save(c, f))
+            rows.append(row)
+            if bar is not None:
+                bar.set_postfix(reward=f"{row.get('reward', float('nan')):.3f}")
+                bar.update(1)
+            if on_step is not None:
+                on_step(step, row)
+            if export_every and step % export_every == 0:
+                export(stage.learner.model, stage.tokenizer, run_dir.policy)
+        if bar is not None:
+            bar.close()
+    finally:
+        run_dir.close()
+        stage.close()
+    export(stage.learner.model, stage.tokenizer, run_dir.policy)
+    return rows
+
+
+class RLStage:
+    """``posttrain rl``: the partial-rollout scheduler over a verifiable task, the engine of ``cfg.engine``, the
+    draft trainer of a speculative engine, Eq 28 shaping + Eq 29 in the learner."""
+
+    name = "posttrain rl"
+
+    def __init__(self, cfg: RLConfig, wrap_engine: Callable[[RolloutEngine], RolloutEngine] | None = None) -> None:
+        cfg = self.cfg = engines.resolve(cfg)
+        self.steps = cfg.steps
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        model, self.tokenizer = build_policy(cfg)  # fp32 master weights; the engine holds a copy in policy.dtype
+        self.learner = Learner(
+            model, cfg.learner, cfg.sampling.temperature, cfg.sampling.top_p, total_versions=cfg.steps
+        )
+        self.drafter = None
+        if cfg.engine.kind == "speculative":  # the draft trainer lives with the learner, in process or with Ray
+            self.drafter = DraftTrainer(build_draft(cfg, model), cfg.speculative)
+        self.engine = engines.start_engine(cfg, self.learner.weights(), self.learner.version)
+        try:
+            if self.drafter is not None:
+                self.engine.update_draft(self.drafter.weights(), self.drafter.version)
+            if wrap_engine is not None:
+                self.engine = wrap_engine(self.engine)
+            source = TaskSource(build_task(cfg), self.tokenizer, seed=cfg.seed)
+            cls = PartialRolloutScheduler if cfg.scheduler.partial else SyncScheduler
+            params = sampling_params(cfg, self.tokenizer)
+            self.sched = cls(self.engine, source, source.reward, params, cfg.scheduler, seed=cfg.seed)
+        except BaseException:
+            engines.stop_engine(cfg)
+            raise
+
+    def config(self) -> dict[str, Any]:
+        return to_dict(self.cfg)
+
+    def warmup(self) -> None:
+        return None
+
+    def collect(self) -> Batch:
+        return self.sched.collect()
+
+    def train(self, batch: Batch) -> dict[str, Any]:
+        m = self.learner.train(batch)
+        if self.drafter is not None:
+            m.update(chase_draft(self.drafter, self.engine, batch, self.learner, self.cfg))
+        if self.cfg.engine.kind == "fused":
+            m["memdec_lambda_mean"] = self.engine.model.take_lambda_mean()  # mean λ_t over this step's positions
+        return m
+
+    def sync(self) -> None:
+        self.sched.sync(self.learner.weights(), self.learner.version)
+
+    def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
+        extra = {k: v for k, v in metrics.items() if k.startswith(("draft_", "tokens_per_round", "engine_", "memdec_"))}
+        return {**metrics_row(batch, metrics), **extra}
+
+    def state_dict(self) -> dict[str, Any]:
+        draft = self.drafter.state_dict() if self.drafter is not None else None
+        return {"scheduler": self.sched.state_dict(), "draft": draft}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # The engine was started at version 0: it takes the restored learner's weights, version and draft.
+        self.engine.update_weights(self.learner.weights(), self.learner.version)
+        if self.drafter is not None:
+            self.drafter.load_state_dict(state["draft"])
+            self.engine.update_draft(self.drafter.weights(), self.drafter.version)
+        self.sched.load_state_dict(state["scheduler"])
+
+    def close(self) -> None:
+        engines.stop_engine(self.cfg)
+
+
 def run(
     cfg: RLConfig,
     out: str | Path,
@@ -64,79 +224,9 @@ def run(
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     wrap_engine: Callable[[RolloutEngine], RolloutEngine] | None = None,
 ) -> list[dict[str, Any]]:
-    """Train for ``cfg.steps`` learner steps (continuing from ``out/checkpoint`` when ``resume``); returns the rows.
-
-    ``wrap_engine`` lets a test put a fault injector around the engine (a perturbed router, shifted logprobs)."""
-    cfg = engines.resolve(cfg)
-    run_dir = RunDir(out, resume=resume, logs=("trained.jsonl",))
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    model, tokenizer = build_policy(cfg)  # fp32 master weights; the engine holds its own copy in policy.dtype
-    learner = Learner(model, cfg.learner, cfg.sampling.temperature, cfg.sampling.top_p, total_versions=cfg.steps)
-    state = run_dir.load_checkpoint(lambda p: torch.load(p, weights_only=False)) if resume else None
-    start = 0 if state is None else int(state["step"])
-    if state is not None:
-        learner.load_state_dict(state["learner"])
-    drafter = None
-    if cfg.engine.kind == "speculative":  # the draft trainer lives with the learner, in process or with Ray
-        drafter = DraftTrainer(build_draft(cfg, model), cfg.speculative)
-        if state is not None:
-            drafter.load_state_dict(state["draft"])
-    engine = engines.start_engine(cfg, learner.weights(), learner.version)
-    try:
-        if drafter is not None:
-            engine.update_draft(drafter.weights(), drafter.version)
-        if wrap_engine is not None:
-            engine = wrap_engine(engine)
-        source = TaskSource(build_task(cfg), tokenizer, seed=cfg.seed)
-        cls = PartialRolloutScheduler if cfg.scheduler.partial else SyncScheduler
-        sched = cls(engine, source, source.reward, sampling_params(cfg, tokenizer), cfg.scheduler, seed=cfg.seed)
-        if state is not None:
-            sched.load_state_dict(state["scheduler"])
-        run_dir.trim(start)
-        run_dir.write_config(to_dict(cfg))
-        rows = []
-        bar = _bar(progress, cfg.steps, start)
-        for step in range(start + 1, cfg.steps + 1):
-            t0 = time.perf_counter()
-            batch = sched.collect()
-            t1 = time.perf_counter()
-            lm = learner.train(batch)
-            dm = chase_draft(drafter, engine, batch, learner, cfg) if drafter is not None else {}
-            if cfg.engine.kind == "fused":
-                dm["memdec_lambda_mean"] = engine.model.take_lambda_mean()  # mean λ_t over this step's positions
-            sched.sync(learner.weights(), learner.version)
-            row = {"step": step, **metrics_row(batch, lm), "rollout_s": t1 - t0, "train_s": time.perf_counter() - t1}
-            row.update(dm)
-            trajs = [t for g in batch.groups for t in g]
-            run_dir.log(row)
-            run_dir.log(
-                {"step": step, "ids": [t.request_id for t in trajs], "dapo_dropped": batch.dropped},
-                file="trained.jsonl",
-            )
-            ckpt = {
-                "step": step,
-                "learner": learner.state_dict(),
-                "scheduler": sched.state_dict(),
-                "config": to_dict(cfg),
-                "draft": drafter.state_dict() if drafter is not None else None,
-            }
-            run_dir.save_checkpoint(lambda f, c=ckpt: torch.save(c, f))
-            rows.append(row)
-            if bar is not None:
-                bar.set_postfix(reward=f"{row['reward']:.3f}", occ=f"{row['occupancy']:.2f}")
-                bar.update(1)
-            if on_step is not None:
-                on_step(step, row)
-            if cfg.export_every and step % cfg.export_every == 0:
-                export(learner.model, tokenizer, run_dir.policy)
-        if bar is not None:
-            bar.close()
-    finally:
-        run_dir.close()
-        engines.stop_engine(cfg)
-    export(learner.model, tokenizer, run_dir.policy)
-    return rows
+    """``posttrain rl``: the driver over an ``RLStage`` (``wrap_engine``: a test's fault injector)."""
+    stage = RLStage(cfg, wrap_engine)
+    return run_stage(stage, out, resume=resume, progress=progress, on_step=on_step, export_every=stage.cfg.export_every)
 
 
 def chase_draft(drafter: DraftTrainer, engine: Any, batch: Batch, learner: Learner, cfg: RLConfig) -> dict[str, Any]:
@@ -189,16 +279,18 @@ def metrics_row(batch: Batch, lm: dict[str, float]) -> dict[str, Any]:
     return row
 
 
-def _bar(progress: bool, total: int, start: int) -> Any:
+def _bar(progress: bool, total: int, start: int, desc: str) -> Any:
     if not progress:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=start, desc="posttrain rl", unit="step")
+    return tqdm(total=total, initial=start, desc=desc, unit="step")
 
 
 def export(model: torch.nn.Module, tokenizer: Any, path: Path) -> Path:
-    """The policy as a Hugging Face checkpoint (``from_pretrained``-loadable) with its tokenizer."""
+    """The policy as a Hugging Face checkpoint (``from_pretrained``-loadable) with its tokenizer (when it has one:
+    the toy-language debug students of ``posttrain distill`` have none)."""
     model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
     return path

@@ -104,7 +104,11 @@ class ScriptedEngine(QueuedEngine):
             length = max(1, min(self.length_fn(t), limit))
             pos = t.n_tokens
             last = pos + 1 == length
-            tok = self.stop_token if (last and length < limit and self.stop_token >= 0) else scripted_token(t, pos, self.vocab)
+            tok = (
+                self.stop_token
+                if (last and length < limit and self.stop_token >= 0)
+                else scripted_token(t, pos, self.vocab)
+            )
             t.append(tok, scripted_logprob(pos, self._version), self._version)
             out.new_tokens[t.request_id] = [tok]
             if last:

@@ -59,7 +59,7 @@ def test_agentic_command_runs_end_to_end(tmp_path: Path):
     out = tmp_path / "run"
     assert main(["posttrain", "agentic", "--config", "debug", "--out", str(out), "--set", "steps=1"]) == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0] and rows[0]["sessions"] > 0 and (out / "traces.sqlite").exists()
+    assert [r["step"] for r in rows] == [1] and rows[0]["sessions"] > 0 and (out / "traces.sqlite").exists()
     assert rows[0]["max_behaviour_logprob_gap"] > 0.1  # the scripted agent is off-policy (the learner sees it)
 
 
@@ -74,5 +74,5 @@ def test_agentic_command_on_policy_with_the_tiny_model(tmp_path: Path):
     argv = ["posttrain", "agentic", "--config", "debug", "--out", str(out)]
     assert main([*argv, *(x for s in sets for x in ("--set", s))]) == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1] and all(r["sessions"] == 2 for r in rows)
+    assert [r["step"] for r in rows] == [1, 2] and all(r["sessions"] == 2 for r in rows)
     assert all(r["max_behaviour_logprob_gap"] < 1e-4 for r in rows), rows

@@ -133,7 +133,7 @@ def test_tiny_agentic_rl_run(tmp_path):
     out = tmp_path / "run"
     m = run_agentic(AgenticConfig(steps=2, group_size=4, n_tasks=2), out)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines] == [0, 1]
+    assert [x["step"] for x in lines] == [1, 2]
     for x in lines:
         assert x["sessions"] == 8 and x["infra"] == 0
         assert 0.0 < x["reward_mean"] < 1.0  # fix / malformed_then_fix pass; edit_tests / break_p2p fail

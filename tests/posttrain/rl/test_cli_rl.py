@@ -120,7 +120,7 @@ def test_kill_9_while_paused_then_resume_loses_and_repeats_nothing(tmp_path):
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
         state = _checkpoint(out)
-        if state and state["step"] >= 3 and state["scheduler"]["paused"]:
+        if state and state["step"] >= 3 and state["stage"]["scheduler"]["paused"]:
             seen = state
             break
         time.sleep(0.02)
@@ -128,15 +128,15 @@ def test_kill_9_while_paused_then_resume_loses_and_repeats_nothing(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     at_kill = _checkpoint(out)
-    paused = {t["request"]["request_id"] for t in at_kill["scheduler"]["paused"]}
-    assert any(t["token_ids"] for t in at_kill["scheduler"]["paused"])
+    paused = {t["request"]["request_id"] for t in at_kill["stage"]["scheduler"]["paused"]}
+    assert any(t["token_ids"] for t in at_kill["stage"]["scheduler"]["paused"])
 
     subprocess.run(cli(out, *steps, "--resume"), env=env(), check=True, capture_output=True)
     trained = rows(out, "trained.jsonl")
     assert [r["step"] for r in trained] == list(range(1, 11))
     ids = [i for r in trained for i in r["ids"]]
     assert len(ids) == len(set(ids)), "a trajectory was trained twice"
-    final = _checkpoint(out)["scheduler"]
+    final = _checkpoint(out)["stage"]["scheduler"]
     still = {t["request"]["request_id"] for t in final["paused"]}
     still |= {t["request"]["request_id"] for g in final["groups"].values() for t in g["done"]}
     after = {i for r in trained if r["step"] > at_kill["step"] for i in r["ids"]}

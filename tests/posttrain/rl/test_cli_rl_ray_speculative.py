@@ -49,4 +49,4 @@ def test_speculative_run_on_two_ray_engine_workers_equals_in_process_and_resumes
         assert abs(x["draft_acceptance"] - y["draft_acceptance"]) < 1e-12  # same groups folded in the same order
         assert abs(x["draft_loss"] - y["draft_loss"]) < 1e-5
     state = torch.load(on_ray / "checkpoint" / "state.pt", weights_only=False)
-    assert state["draft"]["version"] == 4
+    assert state["stage"]["draft"]["version"] == 4

@@ -3,6 +3,7 @@ step, its state (weights, optimizer, running acceptance, version) resumed from t
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import torch
@@ -17,7 +18,8 @@ def test_speculative_flag_trains_the_draft_and_resumes_it(tmp_path):
     assert [r["draft_version"] for r in first] == [1, 2, 3]
     assert all(0.0 <= r["draft_round_acceptance"] <= 1.0 and 1.0 <= r["tokens_per_round"] <= 4.0 for r in first)
     state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=False)
-    assert state["draft"]["version"] == 3 and state["config"]["speculative"]["k"] == 3
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert state["stage"]["draft"]["version"] == 3 and config["speculative"]["k"] == 3
     subprocess.run(cli(tmp_path, *base, "--set", "steps=5", "--resume"), env=env(), check=True, capture_output=True)
     after = rows(tmp_path)
     assert [r["draft_version"] for r in after] == [1, 2, 3, 4, 5]  # the draft continued, not restarted

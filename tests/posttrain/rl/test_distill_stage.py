@@ -27,7 +27,7 @@ def test_reverse_kl_falls_per_domain(tmp_path):
         assert late < 0.9 * first[f"rkl_{d}"], (d, first[f"rkl_{d}"], late)
         gaps = [r[f"gap_{d}"] for r in rows[1:]]
         assert sum(gaps[-5:]) / 5 < sum(gaps[:5]) / 5  # the sampled teacher-logprob gap falls too
-    assert (tmp_path / "student" / "config.json").exists()
+    assert (tmp_path / "policy" / "config.json").exists()
 
 
 def test_each_query_gets_only_its_own_teacher():
