@@ -31,8 +31,8 @@ from pathlib import Path
 
 from posttrain.agentic.gateway import EngineDriver, Gateway, GatewayConfig, ServerThread, build_app
 from posttrain.agentic.scripted import ScriptedTokenEngine
-from posttrain.agentic.tiny import build_tokenizer
 from posttrain.rollout.types import Request, SamplingParams
+from posttrain.tiny.agentic import build_tokenizer
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from posttrain.memdec.fused import generate_base, generate_fused, generate_knn_lm  # noqa: E402
 from posttrain.memdec.train import new_lm  # noqa: E402
-from posttrain.memory_decoder import Router, RouterConfig  # noqa: E402
+from posttrain.objectives.memory_decoder import Router, RouterConfig  # noqa: E402
 from retrieval.vectors import ShardedVectorStore, VectorStoreConfig  # noqa: E402
 
 

@@ -35,8 +35,8 @@ import time
 
 import torch
 
-from posttrain.advantages import GepoConfig, LengthConfig, ShapingConfig, shape, shape_packed
-from posttrain.policy_loss import ClipConfig, packed_policy_loss_and_grad, policy_loss, policy_loss_and_grad
+from posttrain.objectives.advantages import GepoConfig, LengthConfig, ShapingConfig, shape, shape_packed
+from posttrain.objectives.policy_loss import ClipConfig, packed_policy_loss_and_grad, policy_loss, policy_loss_and_grad
 
 GEPO = GepoConfig(h_low=200.0, h_high=1500.0, c_low=0.5, c_high=0.5)
 LENGTH = LengthConfig()

@@ -27,11 +27,11 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from posttrain.objectives.speculative import expected_tokens_per_round
 from posttrain.rl.draft import DraftTrainer
 from posttrain.rollout.engines.hf import HFEngine
 from posttrain.rollout.engines.speculative import SpeculativeConfig, SpeculativeEngine
 from posttrain.rollout.types import Request, SamplingParams
-from posttrain.speculative import expected_tokens_per_round
 
 
 def lm(vocab: int, hidden: int, layers: int, seed: int, sharpen: float = 1.0, embed: float = 1.0) -> Qwen2ForCausalLM:

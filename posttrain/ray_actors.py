@@ -14,12 +14,12 @@ module only places them on a Ray cluster:
   object store once, like the policy) and combines the speculative statistics: counters summed, the
   verification log merged per step into the groups one engine would have batched (``take_round_log``), so the
   online draft trainer in the driver sees what it sees in-process.
-- ``Coordinator``: an actor hosting the scheduler (with a ``RayEngine`` inside); ``LearnerWorker``: an actor
-  hosting the learner. ``run_steps`` drives them: collect → train → weights to the object store → sync.
-- ``init_ray("local" | ADDRESS)``: start a local Ray in this process or join a cluster.
+- ``init_ray("local" | ADDRESS)`` / ``ensure_ray``: start a local Ray in this process or join a cluster.
 
-``scifolio posttrain rl --ray local [--speculative]`` (or ``--ray HOST:PORT``) uses ``init_ray`` + ``RayEngine``
-(``rl_engine_on_ray``); on Kubernetes see ``infra/ray/README.md``. Ray binds every interface: run tests and local
+The driver stays in the caller's process (``posttrain.rl.loop.run_stage``): ``scifolio posttrain rl --ray local``
+(``engine.ray``) starts ``engine.workers`` engine actors from the run's ``posttrain.rl.engines.EngineFactory``
+behind one ``RayEngine``; the learner and, for speculative engines, the draft trainer stay with the driver. On
+Kubernetes see ``infra/ray/README.md``. Ray binds every interface: run tests and local
 clusters in a loopback-only namespace.
 
     unshare -n sh -c 'ip link set lo up && exec env PYTHONPATH=$PWD python -m pytest tests/posttrain/test_ray_actors.py'
@@ -329,7 +329,7 @@ class HFEngineFactory:
 
         engine = HFEngine(self.build_model().eval(), capacity=self.capacity, version=self.version)
         if self.record_routes:
-            from posttrain.r3 import EngineRoutingRecorder
+            from posttrain.objectives.r3 import EngineRoutingRecorder
 
             engine.experts_recorder = EngineRoutingRecorder(engine.model)
         return engine
@@ -359,20 +359,6 @@ class SpeculativeEngineFactory:
         return SpeculativeEngine(
             policy, draft, k=self.k, capacity=self.capacity, version=self.version, draft_version=self.draft_version
         )
-
-
-class LearnerFactory:
-    """Picklable factory: a ``Learner`` on ``build_model()`` (called where the learner lives)."""
-
-    def __init__(
-        self, build_model: Callable[[], Any], config: Any = None, temperature: float = 1.0, top_p: float = 1.0
-    ):
-        self.build_model, self.config, self.temperature, self.top_p = build_model, config, temperature, top_p
-
-    def __call__(self) -> Any:
-        from posttrain.rl.learner import Learner, LearnerConfig
-
-        return Learner(self.build_model(), self.config or LearnerConfig(), self.temperature, self.top_p)
 
 
 def ensure_ray(address: str, n_workers: int) -> None:

@@ -4,7 +4,7 @@ Per group (one task, ``group_size`` sessions named ``GROUP:ROLLOUT`` so they sha
 each session runs ``SimpleHarness`` against the gateway; the verifier grades the directory it leaves;
 infrastructure failures are dropped from the group (never a 0 reward). Credit: the group-relative
 (leave-one-out) session advantage A_i goes to every trainable segment of the session's stored path,
-scaled by the deterministic process weight w_{i,k} when A_i > 0 (``posttrain.credit``), on the exact
+scaled by the deterministic process weight w_{i,k} when A_i > 0 (``posttrain.objectives.credit``), on the exact
 token spans the trace store recorded. The learner step is the RL-loop learner's own update (detached IS
 weight, BKL mask, Eq 29; ``Learner.update``) with these per-token advantages: ``Learner.train`` shapes one
 scalar per trajectory first, this module passes a ``[N, T]`` advantage instead.
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from posttrain.advantages import loo_advantages
 from posttrain.agentic.tasks import INFRA, HarnessRun, SimpleHarness, Task, coding_tasks, verify
 from posttrain.agentic.traces import TraceStore
-from posttrain.credit import Step, annotate, segment_advantages
+from posttrain.objectives.advantages import loo_advantages
+from posttrain.objectives.credit import Step, annotate, segment_advantages
 from posttrain.rollout.types import Request, Trajectory
 
 if TYPE_CHECKING:
@@ -205,10 +205,10 @@ class AgenticStage:
     def __init__(self, config: AgenticConfig, out: str | Path) -> None:
         from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
         from posttrain.agentic.scripted import ScriptedTokenEngine
-        from posttrain.agentic.tiny import build_tokenizer
         from posttrain.rl.learner import Learner, LearnerConfig
         from posttrain.rollout.engines.hf import HFEngine
-        from posttrain.tiny_lm import build_tiny_causal_lm
+        from posttrain.tiny.agentic import build_tokenizer
+        from posttrain.tiny.lm import build_tiny_causal_lm
 
         self.cfg, self.steps = config, config.steps
         Path(out).mkdir(parents=True, exist_ok=True)

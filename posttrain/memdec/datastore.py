@@ -24,7 +24,7 @@ import torch
 
 from formats import fs
 from posttrain.memdec.data import POSITION_BITS, Example, collate, forward, shifted
-from posttrain.memory_decoder import knn_distribution
+from posttrain.objectives.memory_decoder import knn_distribution
 
 
 class Neighbours(Protocol):

@@ -14,7 +14,7 @@ import torch
 
 from posttrain.memdec.data import Example, collate, gold
 from posttrain.memdec.train import frozen_outputs
-from posttrain.memory_decoder import Router, fuse
+from posttrain.objectives.memory_decoder import Router, fuse
 
 GENERAL_TOLERANCE = 0.02  # fused may be at most 2% worse than the base on general text (issue 15)
 

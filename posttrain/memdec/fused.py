@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from posttrain.memory_decoder import Router, fuse
+from posttrain.objectives.memory_decoder import Router, fuse
 
 
 @dataclass(frozen=True)

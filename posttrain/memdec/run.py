@@ -30,7 +30,7 @@ from posttrain.memdec.train import (
     train_memory,
     train_router,
 )
-from posttrain.memory_decoder import RouterConfig
+from posttrain.objectives.memory_decoder import RouterConfig
 
 
 def _threads(cfg: MemdecConfig) -> None:

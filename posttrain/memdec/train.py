@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from formats import fs
 from posttrain.memdec.data import Batch, Example, batches, collate, forward, gold, shifted
-from posttrain.memory_decoder import Router, RouterConfig, router_loss, sparse_memory_loss
+from posttrain.objectives.memory_decoder import Router, RouterConfig, router_loss, sparse_memory_loss
 
 Progress = Callable[[int, float], None] | None  # (step, loss)
 
@@ -27,8 +27,8 @@ def _cosine(steps: int, floor: float = 0.1) -> Callable[[int], float]:
 
 
 def new_lm(vocab_size: int, hidden: int, seed: int, pad_id: int):
-    """A 2-layer Qwen2 causal LM with random weights (``posttrain.tiny_lm.causal_lm``), seeded, in train mode."""
-    from posttrain.tiny_lm import causal_lm
+    """A 2-layer Qwen2 causal LM with random weights (``posttrain.tiny.lm.causal_lm``), seeded, in train mode."""
+    from posttrain.tiny.lm import causal_lm
 
     torch.manual_seed(seed)
     return causal_lm(vocab_size, hidden, pad_token_id=pad_id).train()

@@ -29,9 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain.distill import DomainRoute, DomainRouter, TeacherConfig, TeacherScorer, opd_advantage
-from posttrain.policy_loss import ClipConfig
+from posttrain.objectives.distill import DomainRoute, DomainRouter, opd_advantage
+from posttrain.objectives.policy_loss import ClipConfig
 from posttrain.rl.learner import pack, token_logprobs
+from posttrain.rl.teachers import TeacherConfig, TeacherScorer
 from posttrain.rollout.engines.hf import HFEngine
 from posttrain.rollout.sampling import sampling_logprobs
 from posttrain.rollout.scheduler import Batch
@@ -107,7 +108,7 @@ RECIPES: dict[str, Callable[..., DistillConfig]] = {"debug": debug}
 
 # -- debug models and data ---------------------------------------------------------------------------------------
 def tiny_lm(vocab: int, hidden: int, seed: int, layers: int = 2) -> torch.nn.Module:
-    from posttrain.tiny_lm import causal_lm
+    from posttrain.tiny.lm import causal_lm
 
     torch.manual_seed(seed)
     return causal_lm(vocab, hidden, layers, max_position_embeddings=64).train()

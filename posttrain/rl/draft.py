@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.objectives.speculative import AcceptanceTracker, hybrid_draft_loss
 from posttrain.rollout.engines.speculative import SpeculativeConfig
 from posttrain.rollout.types import Trajectory
-from posttrain.speculative import AcceptanceTracker, hybrid_draft_loss
 
 
 class DraftTrainer:

@@ -138,7 +138,7 @@ def build_policy(cfg: Any, dtype: torch.dtype = torch.float32) -> tuple[torch.nn
             pad_token_id=tok.pad_token_id,
         )
         if p.arch == "qwen2_moe":
-            from posttrain.tiny_moe import tiny_moe_config
+            from posttrain.tiny.moe import tiny_moe_config
 
             mcfg = tiny_moe_config(vocab_size=len(tok), hidden_size=h, num_layers=p.num_layers)
             for k, v in common.items():
@@ -186,7 +186,7 @@ def build_fused(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
     train``'s directory) or, for the tiny policy, a random half-width Qwen2 on its vocabulary; the router from
     ``memdec.router`` or untrained."""
     from posttrain.memdec.fused import FusedLM
-    from posttrain.memory_decoder import Router, RouterConfig
+    from posttrain.objectives.memory_decoder import Router, RouterConfig
 
     m = cfg.memdec
     if m.memory is not None:
@@ -260,7 +260,7 @@ class EngineFactory:
         model = build_fused(cfg, policy) if kind == "fused" else policy
         engine = HFEngine(model, capacity=self.capacity, version=self.version)
         if policy_is_moe(cfg.policy):
-            from posttrain.r3 import EngineRoutingRecorder
+            from posttrain.objectives.r3 import EngineRoutingRecorder
 
             engine.experts_recorder = EngineRoutingRecorder(engine.model)
         return engine

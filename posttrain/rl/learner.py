@@ -22,8 +22,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from posttrain.advantages import ShapingConfig, shape
-from posttrain.policy_loss import BklConfig, ClipConfig, bkl_mask_from_logprobs, policy_loss
+from posttrain.objectives.advantages import ShapingConfig, shape
+from posttrain.objectives.policy_loss import BklConfig, ClipConfig, bkl_mask_from_logprobs, policy_loss
 from posttrain.rollout.sampling import sampling_logprobs
 from posttrain.rollout.scheduler import Batch
 from posttrain.rollout.types import Trajectory
@@ -146,10 +146,10 @@ def token_logprobs(
     """log π(y_t) of each response token under ``model`` with the engine's sampling transform: ``[N, T]``.
 
     When the trajectories carry routed experts (an MoE policy sampled with R3 recording), the forward replays
-    the engine's expert choices (``posttrain.r3``; gate weights still from the live router logits); ``stats``
+    the engine's expert choices (``posttrain.objectives.r3``; gate weights still from the live router logits); ``stats``
     then counts ``r3_replayed_tokens`` and ``r3_changed_routes`` (routes the live router would have changed)."""
     if p.routes is not None:
-        from posttrain.r3 import replay_trajectories
+        from posttrain.objectives.r3 import replay_trajectories
 
         # Right padding: every row's prompt starts at column 0.
         with replay_trajectories(model, p.routes, p.input_ids.shape[1], [0] * p.input_ids.shape[0]) as replay:

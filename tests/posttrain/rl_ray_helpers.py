@@ -29,11 +29,11 @@ def parts():
 
 
 def run_steps_in_driver(engine, steps: int = STEPS):
-    from posttrain.ray_actors import LearnerFactory
+    from posttrain.rl.learner import Learner
 
     scheduler_factory, build_model, learner_cfg = parts()
     sched = scheduler_factory(engine)
-    learner = LearnerFactory(build_model, learner_cfg)()
+    learner = Learner(build_model(), learner_cfg)
     batches, rows = [], []
     for _ in range(steps):
         batch = sched.collect()

@@ -1,4 +1,4 @@
-"""Golden and property tests for posttrain.advantages (SPEC §C5).
+"""Golden and property tests for posttrain.objectives.advantages (SPEC §C5).
 
 Run: python -m pytest tests/posttrain/test_advantages.py -q
 """
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.advantages import (
+from posttrain.objectives.advantages import (
     GepoConfig,
     LengthConfig,
     ShapingConfig,

@@ -1,4 +1,4 @@
-"""Tests for posttrain.credit (SPEC §C7, Eq 30).
+"""Tests for posttrain.objectives.credit (SPEC §C7, Eq 30).
 
 Run: python -m pytest tests/posttrain/test_credit.py -q
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.credit import Step, annotate, segment_advantages
+from posttrain.objectives.credit import Step, annotate, segment_advantages
 
 TOOLS = {"search", "run_tests"}
 

@@ -1,4 +1,4 @@
-"""Tests for posttrain.distill (SPEC §C8, Eq 31–36), including real tiny HF teachers.
+"""Tests for posttrain.objectives.distill (SPEC §C8, Eq 31–36), including real tiny HF teachers.
 
 Run: python -m pytest tests/posttrain/test_distill.py -q
 """
@@ -9,16 +9,9 @@ import pytest
 import torch
 
 from pipelines.tiny import write_area
-from posttrain.distill import (
-    DomainRoute,
-    DomainRouter,
-    TeacherConfig,
-    TeacherScorer,
-    distill_loss,
-    opd_advantage,
-    sampled_logprobs,
-)
-from posttrain.policy_loss import policy_loss
+from posttrain.objectives.distill import DomainRoute, DomainRouter, distill_loss, opd_advantage, sampled_logprobs
+from posttrain.objectives.policy_loss import policy_loss
+from posttrain.rl.teachers import TeacherConfig, TeacherScorer
 
 F64 = torch.float64
 

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.advantages import GepoConfig, ShapingConfig, segment_sums, shape, shape_packed
-from posttrain.policy_loss import (
+from posttrain.objectives.advantages import GepoConfig, ShapingConfig, segment_sums, shape, shape_packed
+from posttrain.objectives.policy_loss import (
     ClipConfig,
     PolicyLossFn,
     fused_policy_loss,

@@ -1,4 +1,4 @@
-"""Tests for posttrain.lemma (SPEC §D: verifier, conjugate reward, lemma graph credit).
+"""Tests for posttrain.objectives.lemma (SPEC §D: verifier, conjugate reward, lemma graph credit).
 
 Run: python -m pytest tests/posttrain/test_lemma.py -q
 """
@@ -11,7 +11,7 @@ from math import comb
 import pytest
 import torch
 
-from posttrain.lemma import (
+from posttrain.objectives.lemma import (
     Lemma,
     LemmaGraph,
     accepted,

@@ -25,7 +25,7 @@ from posttrain.memdec.datastore import (
 )
 from posttrain.memdec.fused import fused_step, generate_base, generate_fused, generate_knn_lm
 from posttrain.memdec.train import new_lm, targets_batch, train_memory
-from posttrain.memory_decoder import Router, RouterConfig, fuse
+from posttrain.objectives.memory_decoder import Router, RouterConfig, fuse
 from retrieval.vectors import ShardedVectorStore, VectorStoreConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -11,10 +11,10 @@ import json
 import torch
 
 from posttrain.memdec.fused import FusedLM
-from posttrain.memory_decoder import Router, RouterConfig
+from posttrain.objectives.memory_decoder import Router, RouterConfig
 from posttrain.rollout.engines.hf import HFEngine
 from posttrain.rollout.types import Request, SamplingParams
-from posttrain.tiny_lm import causal_lm
+from posttrain.tiny.lm import causal_lm
 
 
 def fused_model(seed: int = 0) -> FusedLM:

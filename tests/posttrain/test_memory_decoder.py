@@ -1,4 +1,4 @@
-"""Tests for posttrain.memory_decoder (SPEC §C9, Eq 1–4).
+"""Tests for posttrain.objectives.memory_decoder (SPEC §C9, Eq 1–4).
 
 Run: python -m pytest tests/posttrain/test_memory_decoder.py -q
 """
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from posttrain.memory_decoder import (
+from posttrain.objectives.memory_decoder import (
     Datastore,
     Router,
     RouterConfig,
@@ -137,7 +137,7 @@ def test_router_learns_to_trust_memory_on_domain_data() -> None:
 
 
 def test_sparse_memory_loss_equals_dense() -> None:
-    from posttrain.memory_decoder import sparse_memory_loss
+    from posttrain.objectives.memory_decoder import sparse_memory_loss
 
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(4, 9, generator=gen, dtype=F64, requires_grad=True)

@@ -13,9 +13,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain import native
-from posttrain.advantages import segment_sums
-from posttrain.policy_loss import ClipConfig, packed_policy_loss_and_grad
+from posttrain.objectives import native
+from posttrain.objectives.advantages import segment_sums
+from posttrain.objectives.policy_loss import ClipConfig, packed_policy_loss_and_grad
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: the native kernels cannot be built")
 
@@ -174,7 +174,7 @@ def test_build_is_cached_and_a_broken_compiler_is_reported(tmp_path, monkeypatch
         assert not native.available()
         with pytest.raises(native.NativeUnavailable):
             native.use_native("native", torch.zeros(1))
-        with caplog.at_level(logging.WARNING, logger="posttrain.native"):
+        with caplog.at_level(logging.WARNING, logger="posttrain.objectives.native"):
             assert native.use_native("auto", torch.zeros(1)) is False
         assert "unavailable" in caplog.text
         monkeypatch.delenv("CC")  # the failure is remembered: no new build attempt on every call

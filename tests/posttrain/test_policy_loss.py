@@ -1,4 +1,4 @@
-"""Golden, autograd and property tests for posttrain.policy_loss (SPEC §C1–C3, Eq 10–13, 29).
+"""Golden, autograd and property tests for posttrain.objectives.policy_loss (SPEC §C1–C3, Eq 10–13, 29).
 
 Run: python -m pytest tests/posttrain/test_policy_loss.py -q
 """
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.policy_loss import (
+from posttrain.objectives.policy_loss import (
     BklConfig,
     ClipConfig,
     binary_kl,

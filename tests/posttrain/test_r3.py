@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from posttrain.r3 import RoutingRecorder, RoutingReplay, batch_routes, check_router_formula, find_routers
-from posttrain.tiny_moe import build_tiny_moe_lm
+from posttrain.objectives.r3 import RoutingRecorder, RoutingReplay, batch_routes, check_router_formula, find_routers
+from posttrain.tiny.moe import build_tiny_moe_lm
 
 PROMPT_LEN, NEW_TOKENS = 5, 12
 
@@ -165,7 +165,7 @@ def test_replay_rejects_wrong_shapes(model):
 
 
 def test_hf_engine_records_routes_and_learner_replay_reproduces_its_logprobs(model):
-    from posttrain.r3 import EngineRoutingRecorder, replay_trajectories
+    from posttrain.objectives.r3 import EngineRoutingRecorder, replay_trajectories
     from posttrain.rollout.engines.hf import HFEngine
     from posttrain.rollout.types import Request, SamplingParams
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rl_ray_helpers import STEPS, assert_same_batches, parts, run_in_process, run_steps_in_driver
+from rl_ray_helpers import assert_same_batches, parts, run_in_process, run_steps_in_driver
 
 from tests.conftest import in_loopback_namespace
 
@@ -136,25 +136,3 @@ def test_two_engine_workers_on_two_nodes_reproduce_the_in_process_run(ray_cluste
     assert sum(r["old_version_tokens"] for r in rows) > 0
     assert [r["old_version_tokens"] for r in rows] == [r["old_version_tokens"] for r in ref_rows]
     assert max(r["max_lag"] for r in rows) >= 1
-
-
-def test_coordinator_and_learner_actors_run_the_same_steps(ray_cluster, in_process):
-    import ray
-
-    from posttrain.ray_actors import Coordinator, HFEngineFactory, LearnerFactory, LearnerWorker, run_steps
-
-    scheduler_factory, build_model, learner_cfg = parts()
-    coordinator = Coordinator.options(num_cpus=0).remote(scheduler_factory, HFEngineFactory(build_model, 8), 2)
-    learner = LearnerWorker.options(num_cpus=0).remote(LearnerFactory(build_model, learner_cfg))
-    try:
-        assert len(set(ray.get(coordinator.engine_nodes.remote()))) == 2
-        rows = run_steps(coordinator, learner, STEPS)
-    finally:
-        ray.kill(coordinator)
-        ray.kill(learner)
-    _batches, ref_rows = in_process
-    for row, ref in zip(rows, ref_rows, strict=True):
-        for key in ("trained_tokens", "old_version_tokens", "discarded_trajectories", "engine_steps"):
-            assert row[key] == ref[key]
-        assert abs(row["loss"] - ref["loss"]) < 1e-4
-    assert [r["version"] for r in rows] == [1.0, 2.0, 3.0]

@@ -1,4 +1,4 @@
-"""Tests for posttrain.speculative (SPEC §C4, Eq 21–24): exactness by chi-square, identities, draft loss.
+"""Tests for posttrain.objectives.speculative (SPEC §C4, Eq 21–24): exactness by chi-square, identities, draft loss.
 
 Run: python -m pytest tests/posttrain/test_speculative.py -q
 """
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.speculative import (
+from posttrain.objectives.speculative import (
     AcceptanceTracker,
     acceptance_rate,
     expected_tokens_per_round,

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain import speculative
+from posttrain.objectives import speculative
 from posttrain.rollout.engine import QueuedEngine, StepOutput
 from posttrain.rollout.sampling import sampling_logprobs, token_logprobs_of
 from posttrain.rollout.types import Request, Trajectory

@@ -20,7 +20,7 @@ is not installed in CI). The pieces that matter for partial rollout:
   token was drawn from (checked at start-up).
 - **R3**: with ``enable_return_routed_experts`` vLLM returns ``CompletionOutput.routed_experts``
   ``[positions, layers, top_k]`` starting at ``SamplingParams.routed_experts_prompt_start``; they extend
-  ``Trajectory.routed_experts`` (one row per fed position), which ``posttrain.r3`` replays in the learner.
+  ``Trajectory.routed_experts`` (one row per fed position), which ``posttrain.objectives.r3`` replays in the learner.
 
 The request/response mapping is pure functions (``vllm_sampling_kwargs``, ``vllm_prompt``,
 ``expand_weight_versions``, ``apply_completion``), unit-tested in ``tests/posttrain/test_vllm_mapping.py`` with

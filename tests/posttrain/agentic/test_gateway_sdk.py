@@ -18,7 +18,7 @@ import pytest
 
 from posttrain.agentic.gateway import Gateway, GatewayConfig, build_app
 from posttrain.agentic.scripted import ScriptedTokenEngine
-from posttrain.agentic.tiny import build_tokenizer
+from posttrain.tiny.agentic import build_tokenizer
 
 TOOLS_OPENAI = [
     {
@@ -321,9 +321,9 @@ def test_real_tiny_engine_all_protocols(tok):
 
 def test_routed_experts_of_a_moe_engine_are_stored(tok):
     """R3: a tiny Qwen2-MoE behind the gateway; the store keeps the routes the engine recorded, per position."""
-    from posttrain.r3 import EngineRoutingRecorder
+    from posttrain.objectives.r3 import EngineRoutingRecorder
     from posttrain.rollout.engines.hf import HFEngine
-    from posttrain.tiny_moe import build_tiny_moe_lm
+    from posttrain.tiny.moe import build_tiny_moe_lm
 
     model = build_tiny_moe_lm(vocab_size=1024)
     engine = HFEngine(model, capacity=4)
@@ -347,7 +347,7 @@ def test_serve_a_saved_tiny_model_dir(tmp_path):
     """``load_model_gateway(DIR)`` (what ``serve_gateway`` runs) on the dir ``write_tiny_agentic`` writes:
     the saved tokenizer keeps its chat template and tool tokens; one real HTTP call through uvicorn."""
     from posttrain.agentic.gateway import ServerThread, load_model_gateway
-    from posttrain.agentic.tiny import write_tiny_agentic
+    from posttrain.tiny.agentic import write_tiny_agentic
 
     d = write_tiny_agentic(tmp_path / "tiny")
     gw = load_model_gateway(str(d))

@@ -20,7 +20,7 @@ from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, buil
 from posttrain.agentic.rl import ScriptedAgent, tool_call_text  # noqa: E402
 from posttrain.agentic.scripted import ScriptedTokenEngine  # noqa: E402
 from posttrain.agentic.tasks import PASS, coding_tasks, verify  # noqa: E402
-from posttrain.agentic.tiny import build_tokenizer  # noqa: E402
+from posttrain.tiny.agentic import build_tokenizer  # noqa: E402
 
 
 def test_mini_swe_agent_unmodified_against_the_gateway(tmp_path):

@@ -8,7 +8,7 @@ import copy
 import random
 
 from posttrain.agentic.gateway import IncrementalDecoder, byte_level_decode
-from posttrain.agentic.tiny import build_tokenizer
+from posttrain.tiny.agentic import build_tokenizer
 
 TEXTS = [
     "naïve café → 数学 ✓ 🙂 done",

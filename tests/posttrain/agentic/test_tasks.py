@@ -20,8 +20,8 @@ from posttrain.agentic.rl import (
 )
 from posttrain.agentic.scripted import ScriptedTokenEngine
 from posttrain.agentic.tasks import FAIL, INFRA, PASS, SimpleHarness, coding_tasks, network_isolation, verify
-from posttrain.agentic.tiny import build_tokenizer
-from posttrain.credit import annotate
+from posttrain.objectives.credit import annotate
+from posttrain.tiny.agentic import build_tokenizer
 
 TOOLS = {"write_file", "read_file", "run_tests"}
 

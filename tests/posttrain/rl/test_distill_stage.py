@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from posttrain.distill import sampled_logprobs
+from posttrain.objectives.distill import sampled_logprobs
 from posttrain.rl.distill import DOMAINS, build, debug, run
 from posttrain.rl.learner import pack
 from tests.posttrain.rl.test_cli_rl import env

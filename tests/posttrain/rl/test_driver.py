@@ -111,7 +111,7 @@ def test_moe_policy_records_and_replays_routes_through_the_cli(tmp_path):
 def _flip_engine_routes(engine):
     """A second implementation whose top-k tie-breaking differs: the engine's routers pick experts from noisy
     scores (gate weights still from the true logits at those ids), as two kernels can disagree on near-ties."""
-    from posttrain.r3 import find_routers, replay_gate_weights
+    from posttrain.objectives.r3 import find_routers, replay_gate_weights
 
     gen = torch.Generator().manual_seed(0)
 
@@ -236,7 +236,7 @@ def test_every_shaping_stage_and_learner_option_is_reachable_by_set(tmp_path):
 
 
 def test_gepo_set_changes_the_advantages_and_is_recorded(tmp_path, one_torch_thread):
-    from posttrain.advantages import shape
+    from posttrain.objectives.advantages import shape
 
     gepo = {"h_low": "100", "h_high": "200", "c_low": "0.25", "c_high": "1"}  # every group below H_low: x0.25
     cfg = with_overrides(debug(), {f"learner.shaping.gepo.{k}": v for k, v in gepo.items()})

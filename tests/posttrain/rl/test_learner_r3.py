@@ -7,12 +7,12 @@ import dataclasses
 
 import torch
 
-from posttrain.r3 import EngineRoutingRecorder, find_routers
+from posttrain.objectives.r3 import EngineRoutingRecorder, find_routers
 from posttrain.rl.learner import Learner, LearnerConfig
 from posttrain.rollout.engines.hf import HFEngine
 from posttrain.rollout.scheduler import Batch
 from posttrain.rollout.types import Request, SamplingParams
-from posttrain.tiny_moe import build_tiny_moe_lm
+from posttrain.tiny.moe import build_tiny_moe_lm
 
 
 def sample(model, n=6):

@@ -10,7 +10,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from posttrain import speculative
+from posttrain.objectives import speculative
 from posttrain.rollout.engines.speculative import SpeculativeEngine
 from posttrain.rollout.sampling import sampling_logprobs
 from posttrain.rollout.types import Request, SamplingParams

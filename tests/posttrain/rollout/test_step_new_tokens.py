@@ -13,7 +13,7 @@ from posttrain.rollout.engines.hf import HFEngine
 from posttrain.rollout.engines.scripted import ScriptedEngine
 from posttrain.rollout.engines.speculative import SpeculativeEngine
 from posttrain.rollout.types import Request, SamplingParams
-from posttrain.tiny_lm import causal_lm
+from posttrain.tiny.lm import causal_lm
 
 
 def tiny(seed: int, vocab: int = 24, hidden: int = 32) -> torch.nn.Module:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from posttrain import native
+from posttrain.objectives import native
 
 
 def _valid(rewards: Tensor, group_mask: Tensor | None) -> Tensor:
@@ -223,7 +223,7 @@ def segment_sums(values: Tensor, lengths: Tensor, backend: str = "auto") -> Tens
 
     ``backend``: ``"native"`` sums float32 CPU values in the C kernel (float64 accumulation),
     ``"torch"`` uses ``torch.segment_reduce``, ``"auto"`` picks native when it applies
-    (``posttrain.native.use_native``)."""
+    (``posttrain.objectives.native.use_native``)."""
     flat = lengths.reshape(-1)
     if values.dim() != 1 or values.numel() != int(flat.sum()):
         raise ValueError(

@@ -1,6 +1,6 @@
 """The tiny random causal LM the RL, agentic and distillation debug recipes build from a config (no download).
 
-python -c "from posttrain.tiny_lm import build_tiny_causal_lm; print(build_tiny_causal_lm(64))"
+python -c "from posttrain.tiny.lm import build_tiny_causal_lm; print(build_tiny_causal_lm(64))"
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Built from a config, nothing downloaded. ``norm_topk_prob=True`` (the gate weigh
 renormalised to sum to 1, as Mixtral and Qwen3-MoE do), a larger ``initializer_range`` than the library default
 so that the experts (and so the routing) visibly change the logits of a 2-layer toy model, fp32, eager attention.
 
-    python -c "from pathlib import Path; from posttrain.tiny_moe import write_tiny_moe_lm; \
+    python -c "from pathlib import Path; from posttrain.tiny.moe import write_tiny_moe_lm; \
 print(write_tiny_moe_lm(Path('/tmp/tiny-moe')))"
 """
 

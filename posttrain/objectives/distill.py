@@ -10,8 +10,9 @@ is consumed), and the loss is the Eq 29 objective with Â_t per token and a per-
 (Eq 36). Only the sampled token's teacher logprob crosses the wire: O(H) numbers per response instead
 of O(H·V) logits, which is what makes remote teachers affordable.
 
-``TeacherScorer`` is the load/run_batch model class that turns a local Hugging Face causal LM into
-such a scorer; ``DomainRouter`` splits a batch by domain and reassembles the teachers' answers.
+``DomainRouter`` splits a batch by domain and reassembles the teachers' answers; the model class that
+turns a local Hugging Face causal LM into a scorer (``TeacherScorer``) lives with the stage, in
+``posttrain/rl/teachers.py``.
 
 Run the tests: ``python -m pytest tests/posttrain/test_distill.py -q``
 """
@@ -20,12 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from posttrain.policy_loss import ClipConfig, LossStats, policy_loss
+from posttrain.objectives.policy_loss import ClipConfig, LossStats, policy_loss
 
 
 def sampled_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -116,41 +116,3 @@ def distill_loss(
     adv = torch.where(resp, adv, torch.zeros_like(adv)) * domain_weights.to(adv.dtype).unsqueeze(-1)
     beh = proximal_logprobs if behaviour_logprobs is None else behaviour_logprobs
     return policy_loss(student_logprobs, beh, adv, resp, clip=clip)
-
-
-@dataclass(frozen=True)
-class TeacherConfig:
-    """A teacher served in-process from a local Hugging Face causal-LM directory."""
-
-    path: str
-    """Local model directory (``save_pretrained`` output); nothing is downloaded."""
-    device: str = "cpu"
-    """torch device to run on."""
-    dtype: str = "float32"
-    """torch dtype name for the weights."""
-
-
-class TeacherScorer:
-    """load()/run_batch() teacher: sampled-token logprobs of response tokens, O(H) per response."""
-
-    def __init__(self, config: TeacherConfig) -> None:
-        self.config = config
-
-    def load(self) -> Any:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(
-            self.config.path, dtype=getattr(torch, self.config.dtype), local_files_only=True
-        )
-        return model.to(self.config.device).eval()
-
-    @torch.no_grad()
-    def run_batch(self, input_ids: Tensor, attention_mask: Tensor, model: Any) -> Tensor:
-        """``[B, L]`` prompt+response ids → ``[B, L]`` log π_T(x_t | x_<t); position 0 (no prefix) is 0.
-
-        Callers slice the response positions; only these numbers, never logits, leave the teacher.
-        """
-        dev = self.config.device
-        logits = model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).logits
-        lp = sampled_logprobs(logits[:, :-1], input_ids[:, 1:].to(dev))
-        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1).cpu()

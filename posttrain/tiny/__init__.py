@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.tiny_lm import build_tiny_causal_lm, causal_lm
+from posttrain.tiny.lm import build_tiny_causal_lm, causal_lm
 
 __all__ = ["NAMES", "build_tiny_causal_lm", "causal_lm", "tiny_models"]
 
@@ -23,7 +23,7 @@ def tiny_models(kit: Any) -> dict[str, tuple[str, Callable[[], list[Any]]]]:
     def build() -> list[Any]:
         # the agentic tokenizer: byte-level BPE + a chat template that renders tool calls, so the student can be
         # served by `scifolio posttrain gateway`; teachers share the student's vocabulary (distillation needs it)
-        from posttrain.agentic.tiny import build_tokenizer
+        from posttrain.tiny.agentic import build_tokenizer
 
         tok = build_tokenizer(1024)
         return [causal_lm(vocab_size=len(tok)), tok]

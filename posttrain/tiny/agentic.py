@@ -10,7 +10,7 @@ listed in the system turn; an assistant tool call rendered as
 (``json.dumps`` with default separators, ``name`` before ``arguments``) right after the assistant's text
 and before ``<|im_end|>``. The gateway parses generated text in exactly this format (``chat.py``).
 
-    python -c "from pathlib import Path; from posttrain.agentic.tiny import write_tiny_agentic; \\
+    python -c "from pathlib import Path; from posttrain.tiny.agentic import write_tiny_agentic; \\
 print(write_tiny_agentic(Path('/tmp/tiny-agentic')))"
 """
 
@@ -79,7 +79,7 @@ def build_tokenizer(vocab_size: int = 1024):
 
 def write_tiny_agentic(out_dir: Path, vocab_size: int = 1024, hidden_size: int = 64, seed: int = 0) -> Path:
     """Write a servable tiny model: random 2-layer Qwen2 + this tokenizer (with its chat template)."""
-    from posttrain.tiny_lm import build_tiny_causal_lm
+    from posttrain.tiny.lm import build_tiny_causal_lm
 
     out_dir = Path(out_dir)
     build_tiny_causal_lm(vocab_size, hidden_size, seed).save_pretrained(out_dir)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posttrain import native
+from posttrain.objectives import native
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def packed_policy_loss_and_grad(
 
     ``backend``: ``"native"`` runs the one-pass C kernel (``posttrain/native``; float32 CPU tensors,
     per-response advantages), ``"torch"`` the in-place PyTorch passes, ``"auto"`` native when it applies
-    (``posttrain.native.use_native``). Both agree to float rounding (tests/posttrain/test_native.py).
+    (``posttrain.objectives.native.use_native``). Both agree to float rounding (tests/posttrain/test_native.py).
     """
     if logprobs.dim() != 1 or behaviour_logprobs.shape != logprobs.shape:
         raise ValueError("packed logprobs must be 1-D and match behaviour_logprobs")
