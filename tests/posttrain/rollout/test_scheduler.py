@@ -155,7 +155,10 @@ def test_importance_and_bkl_inputs_use_each_tokens_own_behaviour_logprob(monkeyp
     trajs = [x for g in batch.groups for x in g]
     row = trajs.index(t)
     own = torch.tensor([scripted_logprob(i, v) for i, v in enumerate(t.versions)])
-    assert torch.equal(seen["bkl"][0][row, :4], own)
+    # BKL (SPEC C3) compares trainer and engine at the same weights: only the token sampled at the learner's
+    # version 3 has an engine logprob there (the scripted engine never re-prefills); the IS weight uses all four.
+    assert seen["bkl"][0][row, 3] == own[3]
+    assert learner.last_mask["compared"][row, :4].tolist() == [False, False, False, True]
     order = torch.randperm(len(trajs), generator=torch.Generator().manual_seed(3))  # the learner's minibatch order
     assert torch.equal(seen["rho"][0][(order == row).nonzero().item(), :4], own)
     assert len(set(own.tolist())) == 4  # four versions, four different behaviour logprobs
