@@ -129,6 +129,7 @@ def run_forecast(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     from formats.fs import open_output
+    from pretrain.timeseries.forecaster import forecast_many
     from pretrain.timeseries.horizon import predict_horizon
 
     model = _load(args.model)
@@ -147,17 +148,15 @@ def run_forecast(args: argparse.Namespace) -> int:
     levels = model.cfg.forecaster.quantiles
     cols: dict[str, list] = {"series_id": [], "channel": [], "step": [], "value": []}
     cols |= {f"q{lv:g}": [] for lv in levels}
-    for i in range(0, len(records), 64):
-        batch = records[i : i + 64]
-        fc = model.forecast([np.asarray(r.values, dtype=np.float64) for r in batch], horizon=horizon)
-        for j, r in enumerate(batch):
-            for c, ch in enumerate(r.channels):
-                cols["series_id"] += [r.series_id] * horizon
-                cols["channel"] += [ch] * horizon
-                cols["step"] += list(range(1, horizon + 1))
-                cols["value"] += fc.point[j, c].tolist()
-                for k, lv in enumerate(levels):
-                    cols[f"q{lv:g}"] += fc.quantiles[j, c, :, k].tolist()
+    fcs = forecast_many(model, [np.asarray(r.values, dtype=np.float64) for r in records], horizon)
+    for r, (point, quant) in zip(records, fcs):
+        for c, ch in enumerate(r.channels):
+            cols["series_id"] += [r.series_id] * horizon
+            cols["channel"] += [ch] * horizon
+            cols["step"] += list(range(1, horizon + 1))
+            cols["value"] += point[c].tolist()
+            for k, lv in enumerate(levels):
+                cols[f"q{lv:g}"] += quant[c, :, k].tolist()
     table = pa.table(cols)
     with open_output(args.out) as f:
         if args.out.endswith(".parquet"):

@@ -28,8 +28,9 @@ class EncoderConfig:
     cnn_positions: int = 16
     """The local CNN's features are average-pooled to at most this many positions per patch (keeps the Q-Former's
     cost per patch bounded whatever L is)."""
-    chunk_patches: int = 256
-    """Temporal chunking: patches run through CNN + Q-Former this many at a time (memory bounded for long T)."""
+    chunk_points: int = 262_144
+    """Temporal chunking: CNN + Q-Former run over whole patches, about this many time steps (× channels × series)
+    at a time (at least one patch), so activation memory stays bounded whatever T is."""
     channel_layers: int = 1
     """Layers of the channel-wise Transformer (attends across channels at each token position)."""
     body_layers: int = 2

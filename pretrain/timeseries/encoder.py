@@ -5,7 +5,7 @@ Q-Former per patch → channel-wise Transformer → channel pooling → body Tra
     out = enc(x)            # x: [B, C, T] float, NaN = missing; out.tokens [B, ≤budget, llm_dim], out.mu/out.sigma
 
 Cost is linear in T: the patch length grows with T (L = ⌈Q·T/budget⌉) so the token count never exceeds the budget,
-and the CNN + Q-Former run over the patches a chunk at a time (memory bounded by ``chunk_patches``), so only the
+and the CNN + Q-Former run over the patches a chunk at a time (memory bounded by ``chunk_points``), so only the
 per-point CNN work grows with T. A 300,000-step, 8-channel series encodes on CPU (tests/pretrain/timeseries).
 """
 
@@ -177,7 +177,8 @@ class SeriesEncoder(nn.Module):
         zp = F.pad(z, (left, 0))
         vp = F.pad(valid, (left, 0))
         patches = torch.stack([zp, vp.float()], dim=2).reshape(b * c * p, 2, L)  # [N, 2, L], time order kept
-        feats = torch.cat([self._patch_tokens(chunk) for chunk in patches.split(cfg.chunk_patches)], dim=0)
+        per_chunk = max(1, cfg.chunk_points // L)
+        feats = torch.cat([self._patch_tokens(chunk) for chunk in patches.split(per_chunk)], dim=0)
         feats = feats.reshape(b, c, p, cfg.queries, -1)
         patch_ok = vp.reshape(b, c, p, L).any(-1)  # [B, C, P]
 

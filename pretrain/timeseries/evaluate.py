@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pretrain.timeseries.forecaster import forecast_many
 from pretrain.timeseries.metrics import mase, seasonal_naive, smape, success, wql
 
 LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -103,16 +104,12 @@ def evaluate(
     horizon: int,
     season: int = 1,
     baselines: Sequence[str] = ("AutoETS", "AutoARIMA"),
-    batch: int = 256,
 ) -> Report:
     """The lane's model next to seasonal naive and the classical baselines on the same last windows."""
     report = Report(horizon, season)
     if model is not None:
-        points, quants = [], []
-        for i in range(0, len(histories), batch):
-            fc = model.forecast(list(histories[i : i + batch]), horizon=horizon)
-            points += [fc.point[j, 0] for j in range(fc.point.shape[0])]
-            quants += [fc.quantiles[j, 0] for j in range(fc.point.shape[0])]
+        fcs = forecast_many(model, histories, horizon)
+        points, quants = [p[0] for p, _ in fcs], [q[0] for _, q in fcs]
         report.scores["scifolio"] = score(histories, actuals, points, quants, horizon, season)
     naive = [seasonal_naive(h, horizon, season) for h in histories]
     report.scores["seasonal naive"] = score(histories, actuals, naive, None, horizon, season)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pretrain.timeseries.config import TimeseriesConfig
-from pretrain.timeseries.encoder import Z_CLAMP, EncoderOutput, QFormer, SeriesEncoder, sinusoid
+from pretrain.timeseries.encoder import Z_CLAMP, EncoderOutput, QFormer, SeriesEncoder, patch_length, sinusoid
 from pretrain.timeseries.horizon import predict_horizon
 
 # Steps the decoder attends back over while generating: bounds the cost of very long horizons (linear in H).
@@ -206,6 +206,41 @@ class SeriesForecastModel(nn.Module):
         y = (mu + sigma * out).numpy()
         quant = np.sort(y[..., 1:], axis=-1)  # independent heads may cross; sorting keeps them monotone
         return Forecast(point=y[..., 0], quantiles=quant, levels=self.cfg.forecaster.quantiles)
+
+
+def forecast_many(
+    model: SeriesForecastModel, series: Sequence[np.ndarray], horizon: int, max_points: int = 1 << 22, **kwargs
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``model.forecast`` over many series in batches of one patch length whose padded size stays under
+    ``max_points`` (a 10⁷-point series is never padded together with short ones); returns (point ``[C, H]``,
+    quantiles ``[C, H, K]``) per series, in input order, each equal to forecasting that series alone."""
+    arrs = [np.atleast_2d(np.asarray(s, dtype=np.float64)) for s in series]
+    ec = model.cfg.encoder
+
+    def patch(i: int) -> int:
+        return patch_length(max(1, arrs[i].shape[1]), ec.budget, ec.queries)
+
+    # Same patch length L in a batch (L follows the batch's longest series): then padding only adds masked tokens
+    # and a series' forecast does not depend on what it was batched with.
+    order = sorted(range(len(arrs)), key=lambda i: (patch(i), arrs[i].shape[1]))
+    c_max = max((a.shape[0] for a in arrs), default=1)
+    out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(arrs)
+    i = 0
+    while i < len(order):
+        j = i + 1
+        while (
+            j < len(order)
+            and patch(order[j]) == patch(order[i])
+            and (j + 1 - i) * max(1, arrs[order[j]].shape[1]) * c_max <= max_points
+        ):
+            j += 1
+        idx = order[i:j]
+        fc = model.forecast([arrs[k] for k in idx], horizon=horizon, **kwargs)
+        for n, k in enumerate(idx):
+            c = arrs[k].shape[0]
+            out[k] = (fc.point[n, :c], fc.quantiles[n, :c])
+        i = j
+    return out  # type: ignore[return-value]
 
 
 def pad_batch(series: Sequence[np.ndarray]) -> torch.Tensor:

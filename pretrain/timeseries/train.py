@@ -45,17 +45,20 @@ def windows(
     series: Sequence[np.ndarray], cfg: TimeseriesConfig, rng: random.Random
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[str]]]:
     """Endless batches of (context ``[B, C, T]``, target ``[B, C, H]``, instruction texts): a series drawn
-    uniformly, a cut point drawn uniformly so that ≥ ``min_context`` points precede it and ≥ 1 follows."""
+    uniformly, a cut point drawn uniformly so that ≥ ``min_context`` points precede it and ≥ 1 follows. Each batch
+    draws its own context cap in [min_context, context]: the patch length follows a batch's longest context, so
+    every L that inference meets (``forecast_many`` batches by L) is also trained on."""
     tc = cfg.train
     usable = [s for s in series if s.shape[1] > tc.min_context]
     if not usable:
         raise ValueError(f"no series longer than min_context={tc.min_context} (+1) to train on")
     while True:
         ctxs, tgts, texts = [], [], []
+        cap = rng.randint(tc.min_context, max(tc.min_context, tc.context))
         for _ in range(tc.batch):
             s = usable[rng.randrange(len(usable))]
             t = rng.randint(tc.min_context, s.shape[1] - 1)
-            ctxs.append(s[:, max(0, t - tc.context) : t])
+            ctxs.append(s[:, max(0, t - cap) : t])
             tgt = np.full((s.shape[0], tc.horizon), np.nan)
             fut = s[:, t : t + tc.horizon]
             tgt[:, : fut.shape[1]] = fut

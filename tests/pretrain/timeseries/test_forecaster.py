@@ -116,3 +116,16 @@ def test_loss_falls_when_training(tmp_path):
     train(debug(**{"train.steps": 40, "train.batch": 16, "train.log_every": 10}), recs, tmp_path / "run")
     losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_forecast_many_batches_by_length_and_keeps_order(model):
+    from pretrain.timeseries.forecaster import forecast_many
+
+    rng = np.random.default_rng(3)
+    xs = [rng.normal(size=n) + 5 for n in (300, 12, 3000, 40)] + [rng.normal(size=(2, 50))]
+    many = forecast_many(model, xs, horizon=6, max_points=4000)  # forces several batches
+    for x, (point, quant) in zip(xs, many):
+        single = model.forecast([x], horizon=6)
+        c = np.atleast_2d(x).shape[0]
+        assert point.shape == (c, 6) and quant.shape == (c, 6, 9)
+        np.testing.assert_allclose(point, single.point[0, :c], rtol=1e-5, atol=1e-6)
