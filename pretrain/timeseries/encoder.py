@@ -50,10 +50,14 @@ def normalise(x: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch
     """
     x = x.double()
     n = valid.sum(-1).clamp(min=1)
-    xv = torch.where(valid, x, torch.zeros((), dtype=x.dtype))
-    mu = xv.sum(-1) / n
-    var = torch.where(valid, (x - mu[..., None]) ** 2, torch.zeros((), dtype=x.dtype)).sum(-1) / n
-    sigma = var.sqrt()
+    zero = torch.zeros((), dtype=x.dtype)
+    # Moments of x / max|x|, scaled back: squares of values near 1e300 would overflow float64.
+    peak = torch.where(valid, x.abs(), zero).amax(-1)
+    peak = torch.where(peak > 0, peak, torch.ones_like(peak))
+    xs = torch.where(valid, x / peak[..., None], zero)
+    mu_s = xs.sum(-1) / n
+    var_s = torch.where(valid, (xs - mu_s[..., None]) ** 2, zero).sum(-1) / n
+    mu, sigma = mu_s * peak, var_s.sqrt() * peak
     flat = sigma <= 1e-12 * (1.0 + mu.abs())
     sigma = torch.where(flat, torch.where(mu.abs() > 0, mu.abs(), torch.ones_like(mu)), sigma)
     z = torch.where(valid, (x - mu[..., None]) / sigma[..., None], torch.zeros((), dtype=x.dtype))

@@ -62,6 +62,7 @@ def test_success_rate_100_percent_on_instructions_and_hostile_inputs(model):
         np.array([7.0]),
         np.full((2, 10), np.nan),  # nothing observed
         np.array([1e30, -1e30, 1e30]),
+        np.array([1e300, -1e300] * 10),  # squares overflow float64: normalise must not
     ]
     # Horizons up to 120 keep the test fast (decoding is one causal pass per 6 values); test_exactly_h_finite_values
     # covers H = 400.
