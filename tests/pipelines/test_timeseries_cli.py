@@ -97,6 +97,7 @@ def test_eval_prints_scores_next_to_seasonal_naive(run, data, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_eval_with_statsforecast_baselines(run, data, capsys):
+    pytest.importorskip("statsforecast")
     argv = ["timeseries", "eval", "--model", str(run), "--data", str(data / "monthly.csv"), "--horizon", "6"]
     assert main(argv) == 0
     out = capsys.readouterr().out
