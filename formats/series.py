@@ -184,52 +184,72 @@ def table_to_records(
     parse_timestamps: Callable[[list[str]], list[float] | None] | None = None,
     file_id: str = "",
 ) -> list[SeriesRecord]:
-    """A long table (``series_id, value[, timestamp][, channel]``) → records, grouped by series then channel."""
+    """A long table (``series_id, value[, timestamp][, channel]``) → records, grouped by series then channel (both
+    in sorted order). Sorting and grouping run in Arrow, so a 10⁷-row file costs its values once as Python floats."""
     names = {n.lower(): n for n in table.column_names}
     if "value" not in names:
         raise SeriesError("no_value_column", f"columns {table.column_names}: need 'value'")
-    if table.num_rows == 0:
+    n = table.num_rows
+    if n == 0:
         raise SeriesError("empty", "no rows")
     try:
-        values = pc.cast(table[names["value"]], pa.float64()).to_pylist()
+        values = pc.cast(table[names["value"]], pa.float64())
     except pa.ArrowInvalid as e:
         raise SeriesError("non_numeric_values", str(e)) from None
-    sids = table[names["series_id"]].cast(pa.string()).to_pylist() if "series_id" in names else ["0"] * len(values)
-    chans = table[names["channel"]].cast(pa.string()).to_pylist() if "channel" in names else ["value"] * len(values)
-    order: list[float] = list(range(len(values)))
+
+    def text(col: str, fill: str) -> pa.ChunkedArray | pa.Array:
+        if col not in names:
+            return pc.fill_null(pa.nulls(n, pa.string()), fill)
+        return pc.fill_null(table[names[col]].cast(pa.string()), fill)
+
     meta: dict[str, Any] = {}
+    order = None
     if "timestamp" in names:
-        parsed = _timestamps(table[names["timestamp"]], parse_timestamps)
-        if parsed is None:
+        order = _timestamps(table[names["timestamp"]], parse_timestamps)
+        if order is None:
             meta["warning"] = "timestamp column did not parse; kept row order"
-        else:
-            order = parsed
-    groups: dict[str, dict[str, list[tuple[float, int, float]]]] = {}
-    for i, (sid, ch, v) in enumerate(zip(sids, chans, values)):
-        groups.setdefault(sid or "", {}).setdefault(ch or "value", []).append(
-            (order[i], i, math.nan if v is None else v)
-        )
+    rows = pa.array(range(n), pa.int64())
+    keyed = pa.table(
+        {
+            "sid": text("series_id", "0"),
+            "ch": text("channel", "value"),
+            "ord": order if order is not None else pc.cast(rows, pa.float64()),
+            "row": rows,
+            "v": values,
+        }
+    ).sort_by([("sid", "ascending"), ("ch", "ascending"), ("ord", "ascending"), ("row", "ascending")])
+    sid_col, ch_col = keyed["sid"].combine_chunks(), keyed["ch"].combine_chunks()
+    key = pc.binary_join_element_wise(pc.cast(sid_col, pa.string()), pc.cast(ch_col, pa.string()), "\x00")
+    runs = pc.run_end_encode(key)
+    ends = runs.run_ends.to_pylist()
+    v_col, ord_col = keyed["v"].combine_chunks(), keyed["ord"].combine_chunks()
+    is_time = "timestamp" in names and _is_time(table[names["timestamp"]])
+    groups: dict[str, list[tuple[str, tuple[float, ...], pa.Array]]] = {}
+    start = 0
+    for end in ends:
+        sid, ch = sid_col[start].as_py(), ch_col[start].as_py()
+        vals = tuple(math.nan if v is None else v for v in v_col.slice(start, end - start).to_pylist())
+        groups.setdefault(sid, []).append((ch, vals, ord_col.slice(start, end - start)))
+        start = end
     records = []
-    for sid, by_ch in groups.items():
-        chs = sorted(by_ch)
-        cols = [[v for _, _, v in sorted(by_ch[c])] for c in chs]
-        t_len = max(len(c) for c in cols)
-        cols = [c + [math.nan] * (t_len - len(c)) for c in cols]  # ragged channels: NaN-padded at the end
+    for sid, chans in groups.items():
+        t_len = max(len(v) for _, v, _ in chans)
+        cols = tuple(v + (math.nan,) * (t_len - len(v)) for _, v, _ in chans)  # ragged channels: NaN-padded at the end
         rec_meta = dict(meta)
         period = None
-        if "timestamp" in names and "warning" not in meta:
-            ts = sorted(o for o, _, _ in by_ch[chs[0]])
-            diffs = sorted(b - a for a, b in zip(ts, ts[1:]) if b > a)
-            if diffs:
-                period = diffs[len(diffs) // 2]
-                rec_meta["timestamp_unit"] = "s" if _is_time(table[names["timestamp"]]) else "index"
+        if order is not None and len(chans[0][2]) > 1:
+            o = chans[0][2]
+            diffs = pc.filter(d := pc.subtract(o.slice(1), o.slice(0, len(o) - 1)), pc.greater(d, 0))
+            if len(diffs):
+                period = pc.quantile(diffs, q=0.5, interpolation="higher")[0].as_py()
+                rec_meta["timestamp_unit"] = "s" if is_time else "index"
         if not any(math.isfinite(v) for c in cols for v in c):
             rec_meta["warning_values"] = "no finite value"
         records.append(
             SeriesRecord(
                 series_id=f"{file_id}:{sid}" if file_id else sid,
-                values=tuple(tuple(c) for c in cols),
-                channels=tuple(chs),
+                values=cols,
+                channels=tuple(ch for ch, _, _ in chans),
                 source=source,
                 sampling_period_s=period if rec_meta.get("timestamp_unit") == "s" else None,
                 meta={**rec_meta, "name": sid},
@@ -242,26 +262,28 @@ def _is_time(col: pa.ChunkedArray) -> bool:
     return not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type))
 
 
-def _timestamps(col: pa.ChunkedArray, parse: Callable[[list[str]], list[float] | None] | None) -> list[float] | None:
-    """Sort keys: integers as they are, timestamps as epoch seconds; None when the column does not parse."""
+def _timestamps(
+    col: pa.ChunkedArray, parse: Callable[[list[str]], list[float] | None] | None
+) -> pa.ChunkedArray | pa.Array | None:
+    """Sort keys (float64): integers as they are, timestamps as epoch seconds; None when the column does not parse."""
     if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
-        vals = col.to_pylist()
-        return None if any(v is None for v in vals) else [float(v) for v in vals]
+        return None if col.null_count else pc.cast(col, pa.float64())
     if pa.types.is_timestamp(col.type) or pa.types.is_date(col.type):
-        secs = pc.cast(pc.cast(col, pa.timestamp("s")), pa.int64()).to_pylist()
-        return None if any(v is None for v in secs) else [float(v) for v in secs]
-    strings = col.cast(pa.string()).to_pylist()
+        secs = pc.cast(pc.cast(col, pa.timestamp("s")), pa.int64())
+        return None if secs.null_count else pc.cast(secs, pa.float64())
+    strings = col.cast(pa.string())
     try:
-        secs = pc.cast(pc.cast(pa.array(strings), pa.timestamp("s")), pa.int64()).to_pylist()
-        if not any(v is None for v in secs):
-            return [float(v) for v in secs]
+        secs = pc.cast(pc.cast(strings, pa.timestamp("s")), pa.int64())
+        if not secs.null_count:
+            return pc.cast(secs, pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     if parse is not None:
         try:
-            return parse(strings)
+            parsed = parse(strings.to_pylist())
         except (ValueError, TypeError, OverflowError):
             return None
+        return None if parsed is None else pa.array(parsed, pa.float64())
     return None
 
 
