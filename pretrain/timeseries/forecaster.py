@@ -130,7 +130,7 @@ class SeriesForecastModel(nn.Module):
         b, c = z.shape[:2]
         return torch.cat([z, v], dim=-1).reshape(b * c, 1, 2 * p)
 
-    def _text(self, texts: Sequence[str] | None, b: int, device: torch.device):
+    def _text(self, texts: Sequence[str] | None, device: torch.device):
         if texts is None:
             return None, None
         return self.text(list(texts), device)
@@ -153,7 +153,7 @@ class SeriesForecastModel(nn.Module):
         zt = torch.where(tvalid, zt.clamp(-Z_CLAMP, Z_CLAMP), torch.zeros_like(zt))
         zt, tvalid = zt.reshape(b * c, s, p), tvalid.reshape(b * c, s, p)
         steps_in = torch.cat([self._first_step(enc), torch.cat([zt, tvalid.float()], dim=-1)[:, :-1]], dim=1)
-        ts, tm = self._text(texts, b, context.device)
+        ts, tm = self._text(texts, context.device)
         out = fc.decode(fc.condition(enc, ts, tm), steps_in)
         w = (tvalid & enc.channel_mask.reshape(b * c, 1, 1)).float()
         n = w.sum().clamp(min=1)
@@ -190,17 +190,16 @@ class SeriesForecastModel(nn.Module):
         p = self.cfg.forecaster.out_patch
         b, c = x.shape[:2]
         texts = [instruction] * b if instruction else None
-        ts, tm = self._text(texts, b, x.device)
+        ts, tm = self._text(texts, x.device)
         cond = fc.condition(enc, ts, tm)
         steps_in = self._first_step(enc)
         outs = []
-        for step in range(-(-horizon // p)):
+        for _ in range(-(-horizon // p)):
             start = max(0, steps_in.shape[1] - DECODE_WINDOW)
             o = fc.decode(cond, steps_in[:, start:], first_pos=start)[:, -1]  # [B·C, p, 1+K]
             outs.append(o)
             nxt = torch.cat([o[..., 0], torch.ones_like(o[..., 0])], dim=-1)
             steps_in = torch.cat([steps_in, nxt[:, None]], dim=1)
-            del step
         out = torch.cat(outs, dim=1)[:, :horizon].double().reshape(b, c, horizon, -1)
         mu, sigma = enc.mu[..., None, None], enc.sigma[..., None, None]
         y = (mu + sigma * out).numpy()
