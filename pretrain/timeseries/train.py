@@ -149,6 +149,12 @@ def train(
         _save(ckpt_path, {**state, "step": step, "rng": rng.getstate()})
 
     batches = windows(series_arrays(records, cfg.train.holdout), cfg, rng)
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+
+        tb = SummaryWriter(str(out / "tb"))
+    except ImportError:  # tensorboard is the pretrain extra's; metrics.jsonl is the record either way
+        tb = None
     last: dict[str, Any] = {"step": start}
     t0, window_loss = time.time(), []
     model.train()
@@ -174,11 +180,16 @@ def train(
                 window_loss = []
                 log.write(json.dumps(last) + "\n")
                 log.flush()
+                if tb is not None:
+                    for k in ("loss", "point", "quantile", "lr"):
+                        tb.add_scalar(f"train/{k}", last[k], step)
                 if not quiet:
                     print(json.dumps(last), flush=True)
             if step % cfg.train.save_every == 0 and step != cfg.train.steps:
                 checkpoint(step)
     checkpoint(max(cfg.train.steps, start))
+    if tb is not None:
+        tb.close()
     return last
 
 

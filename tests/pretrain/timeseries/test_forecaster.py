@@ -6,6 +6,7 @@ condition whatever the prompt length, and the run directory (train, checkpoint, 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -97,6 +98,7 @@ def test_train_checkpoint_resume(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3, 4, 5, 6]
     assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["steps"] == 6
+    assert (tmp_path / "run" / "tb").is_dir() or importlib.util.find_spec("tensorboard") is None
 
     # resume to 9 steps: continues from step 6, the log keeps one line per step
     cfg = debug(**{"train.steps": 9, "train.batch": 8, "train.log_every": 1})
