@@ -18,6 +18,7 @@ install: system-deps
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[all]' -c constraints.txt
 	$(BIN)/pip check
+	$(BIN)/pip download -q --no-deps aeon==1.6.0 -d .cache/wheels  # real series (M1, Airline, Daphnet), read from the zip
 
 # Browser tests drive Debian's Chromium; the loopback-only test namespace needs iproute2's `ip`.
 system-deps:

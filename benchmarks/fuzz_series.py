@@ -1,0 +1,120 @@
+"""Hostile series files through the lane's reader and ``scifolio timeseries forecast`` (issue 22 §6): NaN, inf,
+constant, empty, header-only, non-numeric, ragged-channel, broken .tsf/parquet files and one 10⁷-point series.
+Every file must be accounted for (series in the forecast or a quarantine line), nothing may crash, and peak RSS is
+reported (the 10⁷-point series is encoded in chunks: memory bounded by the encoder's ``chunk_points``).
+
+    .venv/bin/python benchmarks/fuzz_series.py                  # ~2-4 min on 2 cores, peak RSS printed
+    .venv/bin/python benchmarks/fuzz_series.py --big 1000000    # a smaller long series
+
+Not exercised here: ``scifolio build`` (series files are not yet part of the corpus job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def write_hostile(d: Path, big: int) -> dict[str, str]:
+    """The files and what should happen to each: ``series`` (read, forecast) or ``quarantine``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    files = {
+        "nan.csv": ("series_id,value\n" + "".join(f"a,{'nan' if i % 3 else i}\n" for i in range(50)), "series"),
+        "all_nan.csv": ("series_id,value\n" + "a,nan\n" * 20, "series"),
+        "inf.csv": ("series_id,value\n" + "".join(f"a,{'inf' if i % 7 == 0 else i}\n" for i in range(40)), "series"),
+        "constant.csv": ("series_id,value\n" + "c,5\n" * 30, "series"),
+        "huge.csv": ("series_id,value\n" + "".join(f"h,{(-1) ** i * 1e300}\n" for i in range(30)), "series"),
+        "one_point.csv": ("series_id,value\np,1.5\n", "series"),
+        "ragged.csv": (
+            "series_id,channel,value\n" + "".join(f"r,x,{i}\n" for i in range(60)) + "".join(f"r,y,{i}\n" for i in range(7)),
+            "series",
+        ),
+        "bad_timestamps.csv": ("series_id,timestamp,value\n" + "".join(f"t,notadate{i},{i}\n" for i in range(20)), "series"),
+        "empty.csv": ("", "quarantine"),
+        "header_only.csv": ("series_id,value\n", "quarantine"),
+        "words.csv": ("series_id,value\na,hello\n", "quarantine"),
+        "no_value.csv": ("series_id,x\na,1\n", "quarantine"),
+        "garbage.tsf": ("this is not a tsf\n", "quarantine"),
+        "broken.parquet": ("PAR1 but not really", "quarantine"),
+        "binary.csv": ("\x00\x01\x02\xff" * 100, "quarantine"),
+    }  # fmt: skip
+    expect = {}
+    for name, (text, what) in files.items():
+        (d / name).write_text(text, errors="surrogateescape")
+        expect[name] = what
+    t = np.arange(big)
+    big_values = np.sin(t / 50.0) + 0.01 * rng.normal(size=big)
+    big_values[::1000] = np.nan
+    pq.write_table(pa.table({"series_id": np.zeros(big, dtype=np.int64), "value": big_values}), d / "big.parquet")
+    expect["big.parquet"] = "series"
+    return expect
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--big", type=int, default=10_000_000, help="points in the long series")
+    args = ap.parse_args()
+    import pyarrow.csv as pcsv
+    import torch
+
+    from pipelines.cli import main as cli
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp) / "data"
+        d.mkdir()
+        expect = write_hostile(d, args.big)
+        train_dir = Path(tmp) / "train"
+        train_dir.mkdir()
+        (train_dir / "ok.csv").write_text(
+            "series_id,value\n" + "".join(f"s{i % 4},{np.sin(i / 5) * (1 + i % 4)}\n" for i in range(400))
+        )
+        run = Path(tmp) / "run"
+        sets = ["--set", "train.steps=5", "--set", "train.batch=8"]
+        assert cli(["timeseries", "train", "--data", str(train_dir), "--out", str(run), "--quiet", *sets]) == 0
+        out = Path(tmp) / "out" / "fc.csv"
+        t0 = time.time()
+        rc = cli(
+            ["timeseries", "forecast", "--model", str(run), "--data", str(d), "--horizon", "24", "--out", str(out)]
+        )
+        elapsed = time.time() - t0
+        fc = pcsv.read_csv(out).to_pydict()
+        q = out.parent / "quarantine" / "series.jsonl"
+        quarantined = {
+            Path(json.loads(line)["item_id"]).name: json.loads(line)["reason"] for line in q.read_text().splitlines()
+        }
+        from formats.series import read_series_file
+
+        got = {}
+        for name in expect:
+            recs, _ = read_series_file(d / name)
+            ids = {r.series_id for r in recs}
+            got[name] = (
+                "series" if ids and ids <= set(fc["series_id"]) else ("quarantine" if name in quarantined else "LOST")
+            )
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    values = np.asarray(fc["value"], dtype=np.float64)
+    print(f"forecast rc={rc} in {elapsed:.1f} s; {len(expect)} files, long series {args.big:,} points")
+    for name in expect:
+        flag = "ok" if got[name] == expect[name] else "MISMATCH"
+        print(f"  {name:<20} expected {expect[name]:<10} got {got[name]:<10} {quarantined.get(name, ''):<20} {flag}")
+    print(f"forecast rows {len(values)}, finite {np.isfinite(values).mean():.3f}; peak RSS {rss_mib:.0f} MiB")
+    ok = rc == 0 and all(got[n] == expect[n] for n in expect) and np.isfinite(values).all()
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
