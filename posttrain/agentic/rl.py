@@ -17,13 +17,14 @@ from __future__ import annotations
 import copy
 import json
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from posttrain.advantages import loo_advantages
+from posttrain.agentic.jail import SandboxConfig
 from posttrain.agentic.tasks import INFRA, HarnessRun, SimpleHarness, Task, coding_tasks, verify
 from posttrain.agentic.traces import TraceStore
 from posttrain.credit import Step, annotate, segment_advantages
@@ -180,6 +181,8 @@ class AgenticConfig:
     lr: float = 1e-2
     """Learner AdamW learning rate."""
     seed: int = 0
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """The jail of the harness's commands and the grader (``--set sandbox.allow_unjailed=true``)."""
 
 
 def debug() -> AgenticConfig:
@@ -215,7 +218,7 @@ def run_agentic(config: AgenticConfig, out: str | Path) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     with ServerThread(build_app(gw)) as url, (out / "metrics.jsonl").open("a") as log:
         for step in range(config.steps):
-            trajs, advs, rewards_all, infra = [], [], [], 0
+            trajs, advs, rewards_all, infra, unjailed = [], [], [], 0, 0
             for task in tasks:
                 sessions, rewards, weights = [], [], []
                 for r in range(config.group_size):
@@ -223,8 +226,10 @@ def run_agentic(config: AgenticConfig, out: str | Path) -> dict[str, Any]:
                     agent.assign(sid, behaviour_replies(task, BEHAVIOURS[(r + step) % len(BEHAVIOURS)]))
                     with tempfile.TemporaryDirectory() as tmp:
                         work = task.setup(Path(tmp))
-                        run = SimpleHarness(url + "/v1", sid, max_turns=config.max_turns).run(task.objective, work)
-                        verdict = verify(task, work)
+                        harness = SimpleHarness(url + "/v1", sid, max_turns=config.max_turns, sandbox=config.sandbox)
+                        run = harness.run(task.objective, work)
+                        verdict = verify(task, work, sandbox=config.sandbox)
+                    unjailed += not verdict.jailed
                     if verdict.status == INFRA or sid not in store.session_calls:
                         infra += 1
                         continue
@@ -245,6 +250,7 @@ def run_agentic(config: AgenticConfig, out: str | Path) -> dict[str, Any]:
                 engine.update_weights(learner.weights(), learner.version)
             metrics = {"step": step, "reward_mean": sum(rewards_all) / max(len(rewards_all), 1), "infra": infra, **m}
             metrics["sessions"] = len(trajs)
+            metrics["unjailed"] = unjailed  # graded outside the jail (sandbox.allow_unjailed): says so per step
             log.write(json.dumps(metrics) + "\n")
             log.flush()
     metrics["stored_tokens"] = store.stored_tokens()
