@@ -190,7 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="pymupdf", help="layout backend of the build (default pymupdf: fast)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the tiny one, written to a temp dir)")
     ap.add_argument("--json", default=None, help="also write the figures as JSON here")
+    ap.add_argument(
+        "--kinds", default=",".join(MUTATIONS), help=f"mutations to use (default all: {','.join(MUTATIONS)})"
+    )
     args = ap.parse_args(argv)
+    kinds_used = [k for k in args.kinds.split(",") if k]
+    unknown = set(kinds_used) - set(MUTATIONS)
+    if unknown or not kinds_used:
+        ap.error(f"unknown mutation(s) {sorted(unknown)}; choose from {MUTATIONS}")
 
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="fuzz-pdfs-") as tmp:
@@ -209,8 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         import pymupdf
 
         for i in range(args.mutants):
-            src = seed_files[i % len(seed_files)]
-            kind = MUTATIONS[(i // len(seed_files)) % len(MUTATIONS)]
+            kind = kinds_used[i % len(kinds_used)]
+            src = (
+                seed_files[(i // len(kinds_used)) % len(seed_files)]
+                if i < len(seed_files) * len(kinds_used)
+                else rng.choice(seed_files)
+            )
             data = mutate(src.read_bytes(), kind, rng)
             name = f"m{i:04d}-{kind}-{src.stem[:24]}.pdf"
             (inputs_dir / name).write_bytes(data)
