@@ -6,7 +6,7 @@ truncated bodies, against a real uvicorn server on 127.0.0.1 behind ``guard.Guar
 The model is a scripted engine (short replies, some with tool calls), so every failure is the gateway's. Bodies
 are drawn per protocol from the shapes its adapter reads (roles, string / part-list / odd content, tool calls and
 tool results, tools, ``max_tokens``, ``stream``, sampling parameters), with any field swapped for arbitrary JSON
-at times; separately, bodies past the size limit and valid bodies cut at a random byte.
+at times, each sent as drawn and (when it did not ask for a stream) again with ``"stream": true``; separately, bodies past the size limit and valid bodies cut at a random byte.
 
 Counted:
 - crashes: responses with status >= 500, a stream that ends with no terminal event (``[DONE]``, ``message_stop``,
@@ -217,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             @given(strats[protocol])
             def run(body):
                 send(protocol, json.dumps(body).encode(), body.get("stream") is True)
+                if body.get("stream") is not True:  # every shape streamed too: the SSE paths get as many tries
+                    send(protocol, json.dumps({**body, "stream": True}).encode(), True)
 
             run()
 
@@ -255,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             failures.append("the engine stalled")
 
     print(
-        f"requests tried: {tried} ({args.examples} hypothesis examples + {args.raw} oversized/truncated per protocol)"
+        f"requests tried: {tried} ({args.examples} hypothesis examples per protocol, each also streamed, "
+        f"+ {args.raw} oversized/truncated per protocol)"
     )
     print(
         f"refused by the guard: {guard.refused}; trace-store calls written: {rows(gw)}; slowest request {slowest:.2f}s"
