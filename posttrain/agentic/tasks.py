@@ -34,10 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.agentic.jail import (
+    JailUnavailable,
     SandboxConfig,
     SandboxLimits,
     SandboxResult,
     jail_available,
+    jail_problem,
     run_jailed,
     unshare_net_works,
 )
@@ -314,6 +316,8 @@ class SimpleHarness:
     ) -> None:
         self.base_url, self.api_key, self.model, self.max_turns = base_url, api_key, model, max_turns
         self.sandbox = sandbox
+        if not sandbox.allow_unjailed and not jail_available():  # refuse before the model is called, not mid-run
+            raise JailUnavailable(f"{jail_problem()}; refusing to run agent commands unjailed")
 
     def _tool(self, workdir: Path, name: str, args: dict[str, Any]) -> tuple[str, bool]:
         try:

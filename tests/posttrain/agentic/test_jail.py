@@ -3,6 +3,7 @@ failed in the environment's results, and the task's own grading still runs and g
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -188,3 +189,19 @@ def _uid(pid: str) -> int | None:
     except OSError:
         return None
     return None
+
+
+def test_an_agentic_run_without_the_jail_is_refused_unless_allowed_and_then_says_so(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from posttrain.agentic import jail
+    from posttrain.agentic.rl import debug, run_agentic
+
+    monkeypatch.setattr(jail, "jail_problem", lambda: "bubblewrap (bwrap) is not installed")
+    cfg = replace(debug(), steps=1, group_size=2, n_tasks=1, max_turns=3)
+    with pytest.raises(JailUnavailable, match="unjailed"):
+        run_agentic(cfg, tmp_path / "refused")
+    metrics = run_agentic(replace(cfg, sandbox=SandboxConfig(allow_unjailed=True)), tmp_path / "allowed")
+    assert metrics["unjailed"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "allowed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["unjailed"] for r in rows] == [2]
