@@ -20,12 +20,15 @@ install: system-deps
 	$(BIN)/pip check
 	$(BIN)/pip download -q --no-deps aeon==1.6.0 -d .cache/wheels  # real series (M1, Airline, Daphnet), read from the zip
 
-# Browser tests drive Debian's Chromium; the loopback-only test namespace needs iproute2's `ip`.
+# Browser tests drive Debian's Chromium; the loopback-only test namespace needs iproute2's `ip`; agent commands
+# and graders run in bubblewrap's jail (posttrain/agentic/jail.py), refused without it.
 system-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  (command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v ip >/dev/null) || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver iproute2 >/dev/null); \
-	else echo "not root: install chromium, chromium-driver and iproute2 yourself for the browser tests"; fi
+	  (command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v ip >/dev/null \
+	   && command -v bwrap >/dev/null) || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver iproute2 \
+	   bubblewrap >/dev/null); \
+	else echo "not root: install chromium, chromium-driver, iproute2 and bubblewrap yourself (the jail needs bwrap)"; fi
 
 # The whole suite, offline. HF_HUB_OFFLINE proves no test loads weights from a hub.
 test:

@@ -60,6 +60,15 @@ class Totals:
     """Documents that failed for an infrastructure reason and were not marked done (a rerun retries them)."""
     documents_failed: int = 0
     """Of the quarantined documents, those that failed for a content reason (duplicates are not failures)."""
+    documents_filtered: int = 0
+    """Of the quarantined documents, those removed by policy (duplicate, near-duplicate, benchmark overlap, no
+    page above the visual-gain threshold): outcomes, not failures."""
+    pages: int = 0
+    """Pages of the documents that were opened and built (kept, dropped or filtered)."""
+    pages_failed: int = 0
+    """Page-level dead letters of a content failure (timeout, crash, backend or render error) in built documents."""
+    pages_filtered: int = 0
+    """Page-level dead letters of policy (visual gain below its threshold): outcomes, not failures."""
 
 
 @dataclass(frozen=True)

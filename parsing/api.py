@@ -37,6 +37,8 @@ FINISH_GRACE_S = 30.0
 processes itself (and restarts them), so the parent only steps in when the worker itself is stuck."""
 
 TEST_HANG_ENV = "SCIFOLIO_PARSE_TEST_HANG"
+TEST_RAISE_ENV = "SCIFOLIO_PARSE_TEST_RAISE"
+"""Test hook: ``ExcName:page:N`` makes the worker's backend raise ``ExcName`` on page N (``parsing.core``)."""
 """Test hook: ``open`` or ``page:N`` makes the worker hang there (exercises the timeouts)."""
 
 
@@ -141,6 +143,7 @@ class Parser:
             return
         doc_id = sha256_hex(data)
         hang = os.environ.get(TEST_HANG_ENV) or None
+        raise_hook = os.environ.get(TEST_RAISE_ENV) or None
         # The document's clock starts when a worker is ready for it (a cold or restarted worker's start-up is
         # not the document's time; WORKER_START_TIMEOUT_S bounds that).
         doc_deadline = float("inf")
@@ -163,6 +166,7 @@ class Parser:
                     "pages": pages,
                     "window": window_size,
                     "hang": hang,
+                    "raise": raise_hook,
                 }
             )
             finished = False
@@ -351,7 +355,8 @@ def iter_parse(data: bytes, source: str, config: ParseConfig) -> Iterator[Docume
 
     Yields first a ``Document`` (validated) or a ``Dropped`` (stage ``open``) and then stops; after a Document,
     ``Page`` records in page order and ``Dropped(item_id=f"{doc_id}:{page}", stage="parse")`` for pages that
-    failed (reasons ``timeout``, ``crash``, ``backend_error``, ``render_error``, ``worker_error``; a worker that
+    failed (reasons ``timeout``, ``crash``, ``backend_error``, ``render_error``, ``worker_error``, and
+    ``infrastructure`` for a backend failure of the machine, not the page, which the caller must retry; a worker that
     could not start gives the document ``open``/``worker_start``, an infrastructure failure). A document
     that exceeds ``doc_timeout_s`` ends with ``Dropped(item_id=doc_id, reason="timeout")`` listing the pages
     it did not reach. Nothing raises except ``BackendUnavailable`` (a configuration error: e.g. MinerU tier

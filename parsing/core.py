@@ -10,6 +10,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from formats.outcomes import is_infrastructure_error
 from formats.records import Block, Document, Dropped, Page
 from parsing.backends import LayoutBackend, ParsedPage, make_backend, with_order
 from parsing.config import ParseConfig
@@ -81,6 +82,20 @@ def scan_pages(
         if is_scanned(doc[i]):
             scans.add(i)
     return scans
+
+
+TEST_RAISE: str | None = None
+"""Test hook, set by the worker from ``SCIFOLIO_PARSE_TEST_RAISE=ExcName:page:N`` (``parsing.api``): the backend
+raises ``ExcName`` (``MemoryError``: an infrastructure failure; ``ValueError``: a content failure) on page N."""
+
+
+def _raise_if(pages: Sequence[int]) -> None:
+    if TEST_RAISE:
+        name, _, page = TEST_RAISE.split(":")
+        if int(page) in pages:
+            raise {"MemoryError": MemoryError, "ValueError": ValueError, "OSError": OSError}[name](
+                f"test hook: page {page}"
+            )
 
 
 def _hang_if(hook: str | None, where: str) -> None:
@@ -172,16 +187,21 @@ def parse_window(
 def _run_backend(
     backend: LayoutBackend, pdf_path: str, doc: pymupdf.Document, document: Document, pages: list[int]
 ) -> dict[int, ParsedPage | Dropped]:
-    """Run a backend on a window; if the window fails, retry page by page so one bad page costs one page."""
+    """Run a backend on a window; if the window fails, retry page by page so one bad page costs one page.
+
+    A page's failure is ``backend_error`` (a content failure: final) unless the exception is an infrastructure
+    failure (``formats.outcomes``: out of memory, I/O, a dead model server): then ``infrastructure``, and the
+    corpus job retries the whole document in a fresh worker instead of dropping the page."""
     try:
+        _raise_if(pages)
         return dict(backend.parse(pdf_path, doc, pages))
-    except Exception:
+    except Exception as exc:
         if len(pages) == 1:
             return {
                 pages[0]: Dropped(
                     f"{document.doc_id}:{pages[0]}",
                     "parse",
-                    "backend_error",
+                    "infrastructure" if is_infrastructure_error(exc) else "backend_error",
                     {
                         "source": document.source,
                         "backend": backend.name,

@@ -97,12 +97,14 @@ FINISHERS = min(2, os.cpu_count() or 1)
 def run_job(job: dict[str, Any], backends: Any, send: Any, helpers: Any = None) -> float:
     """One job: a document (bytes) and the pages to parse (None = all), in windows. Returns the largest
     resident memory of a helper process in MB (0 when ``helpers`` is None: everything runs in-process)."""
+    import parsing.core
     from formats.records import Dropped
     from parsing.core import _hang_if, parse_window, scan_pages, windows
     from parsing.validate import open_pdf
 
     config = job["config"]
     hang = job.get("hang")
+    parsing.core.TEST_RAISE = job.get("raise")
     # Loading the backend (a restarted worker does it here) is start-up, not the document's time: the parent's
     # page and open timeouts start counting at "ready".
     backends.get(config.backend, config.tier)

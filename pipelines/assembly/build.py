@@ -25,6 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from formats import fs
+from formats.outcomes import INFRA_REASONS
+from formats.outcomes import is_infrastructure_error as _is_infrastructure_error
 from formats.records import Document, Dropped, Page
 from formats.shards import (
     SCHEMA_VERSION,
@@ -126,23 +128,10 @@ class DocResult:
     """An infrastructure failure outlived its retries: the document is NOT marked done, a rerun retries it."""
 
 
-# Exceptions that say nothing about the document: memory, I/O and object stores, a missing or failing model
-# or backend. The same document may well succeed on a rerun (after the fix), so they are never final.
-_INFRA_TYPES: tuple[type[BaseException], ...] = (MemoryError, OSError, ConnectionError, TimeoutError)
-_INFRA_NAMES = {"OutOfMemoryError", "BackendUnavailable", "DistBackendError"}
-_INFRA_MESSAGES = ("out of memory", "cuda error", "cudnn_status", "nccl")
-INFRA_REASONS = frozenset({"worker_start"})
-"""Document-level dead letters of the parser that are infrastructure failures (retried, never final)."""
-
-
 def is_infrastructure_error(exc: BaseException) -> bool:
-    """True for failures of the machine, a service or a model (retry later); False for content failures."""
-    if isinstance(exc, RetryableError):
-        return True
-    if isinstance(exc, _INFRA_TYPES) or any(t.__name__ in _INFRA_NAMES for t in type(exc).__mro__):
-        return True
-    message = str(exc).lower()
-    return any(m in message for m in _INFRA_MESSAGES)
+    """True for failures of the machine, a service or a model (retry later); False for content failures
+    (``formats.outcomes``)."""
+    return isinstance(exc, RetryableError) or _is_infrastructure_error(exc)
 
 
 class RetryableError(RuntimeError):
@@ -207,8 +196,9 @@ class DocumentBuilder:
             else:
                 dropped.append(item)
         doc_level = [d for d in dropped if d.item_id in (doc_id, source)]
-        if any(d.reason in INFRA_REASONS for d in doc_level):  # the machine failed, not the document
-            raise RetryableError(f"{source}: {[d.to_row() for d in doc_level]}")
+        infra = [d for d in dropped if d.reason in INFRA_REASONS]
+        if infra:  # the machine failed, not the document (or one of its pages): retried, never final
+            raise RetryableError(f"{source}: {[d.to_row() for d in infra][:3]}")
         if document is None or doc_level:
             # Rejected at open, or failed as a whole (e.g. a document timeout): nothing of it is kept,
             # and it is accounted for once, by its document-level dead letter.
@@ -230,10 +220,17 @@ class DocumentBuilder:
                 dropped.append(Dropped(doc_id, "decontam", "benchmark_overlap", detail))
                 stats["documents"] = 0
                 return DocResult(doc_id, source, [], dropped, dict(stats))
+        rejected: list[Dropped] = []
         if self.page_filter is not None and pages:
             pages, rejected = self.page_filter(document, pages)
             dropped.extend(rejected)
         stats["pages_kept"] = len(pages)
+        if rejected and not pages:  # the filter removed every page: an outcome of policy, not a failure
+            dropped.append(
+                Dropped(doc_id, rejected[0].stage, "no_page_kept", {"source": source, "pages": len(rejected)})
+            )
+            stats["documents"] = 0
+            return DocResult(doc_id, source, [], dropped, dict(stats))
 
         segments = interleave_document(pages, self.tokenizer, self.config.image_tokens)
         chunks = chunk_document(segments, self.config.max_tokens, self.config.overlap)

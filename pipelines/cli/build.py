@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.cli.options import add_set, apply_sets, default
@@ -66,17 +67,49 @@ def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
     return exit_status(manifest, args.max_error_rate)
 
 
-def exit_status(manifest, max_error_rate: float) -> int:
-    """Print the outcome table; 0 when at most ``max_error_rate`` of the documents failed for content reasons and
-    none is left retryable, else 1."""
+@dataclass(frozen=True)
+class ErrorRates:
+    """``--max-error-rate``: the largest tolerated shares of content failures."""
+
+    documents: float = 0.05
+    """Of all documents."""
+    pages: float = 1.0
+    """Of the pages of built documents (1.0: unlimited)."""
+
+
+def error_rates(text: str) -> ErrorRates:
+    """``R``, ``R,pages=P`` or ``pages=P`` (``docs=R`` also names the document rate)."""
+    docs, pages = ErrorRates.documents, ErrorRates.pages
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, eq, value = part.rpartition("=")
+            if key in ("", "docs", "documents"):
+                docs = float(value)
+            elif key == "pages":
+                pages = float(value)
+            else:
+                raise ValueError(part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected R, R,pages=P or pages=P (rates in 0..1), got {text!r}") from None
+    return ErrorRates(docs, pages)
+
+
+def exit_status(manifest, max_error_rate: float | ErrorRates) -> int:
+    """Print the outcome table; 0 when at most the given share of the documents (and of the pages) failed for
+    content reasons and none is left retryable, else 1. Filtered documents and pages are outcomes, not failures."""
+    limits = max_error_rate if isinstance(max_error_rate, ErrorRates) else ErrorRates(documents=max_error_rate)
     t = manifest.totals
     n = t.documents_in_shards + t.documents_quarantined + t.documents_retryable
     rate = t.documents_failed / n if n else 0.0
+    page_rate = t.pages_failed / t.pages if t.pages else 0.0
     print(f"{'documents':<32}{n:>8}")
     print(f"{'  in shards':<32}{t.documents_in_shards:>8}")
     print(f"{'  failed (content, final)':<32}{t.documents_failed:>8}   {rate:.1%} of documents")
-    print(f"{'  duplicates':<32}{t.documents_quarantined - t.documents_failed:>8}")
+    print(f"{'  filtered (policy)':<32}{t.documents_filtered:>8}")
     print(f"{'  retryable (not marked done)':<32}{t.documents_retryable:>8}")
+    print(f"{'pages (built documents)':<32}{t.pages:>8}")
+    print(f"{'  failed (content)':<32}{t.pages_failed:>8}   {page_rate:.1%} of pages")
+    print(f"{'  filtered (policy)':<32}{t.pages_filtered:>8}")
     if manifest.dropped_by_reason:
         print(f"{'dead letters by stage.reason':<32}")
         for key, value in manifest.dropped_by_reason.items():
@@ -88,10 +121,17 @@ def exit_status(manifest, max_error_rate: float) -> int:
             file=sys.stderr,
         )
         return 1
-    if rate > max_error_rate:
+    if rate > limits.documents:
         print(
             f"error: {rate:.1%} of the documents failed for content reasons, above --max-error-rate "
-            f"{max_error_rate:.1%} (see quarantine/)",
+            f"{limits.documents:.1%} (see quarantine/)",
+            file=sys.stderr,
+        )
+        return 1
+    if page_rate > limits.pages:
+        print(
+            f"error: {page_rate:.1%} of the pages failed for content reasons, above --max-error-rate pages="
+            f"{limits.pages:.1%} (see quarantine/)",
             file=sys.stderr,
         )
         return 1
@@ -145,11 +185,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument(
         "--max-error-rate",
-        type=float,
-        default=0.05,
-        metavar="R",
+        type=error_rates,
+        default=ErrorRates(),
+        metavar="R[,pages=P]",
         help="exit non-zero when more than R of the documents failed for content reasons (corrupt, encrypted, "
-        "empty, timeout…; duplicates do not count) or any document is left retryable (default 0.05)",
+        "empty, timeout…), when more than P of the pages of built documents were dropped for content reasons "
+        "(page timeout, crash, backend or render error), or when any document is left retryable. Filters "
+        "(duplicates, near-duplicates, benchmark overlap, visual gain below threshold) never count. "
+        "Examples: 0.1 | 0.1,pages=0.02 | pages=0.02 (default 0.05, pages unlimited)",
     )
     retries, backoff = default(RetryPolicy, "attempts") - 1, default(RetryPolicy, "backoff_s")
     b.add_argument(

@@ -65,6 +65,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gw.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     gw.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     gw.add_argument("--traces", default=None, help="SQLite trace store path (default: in memory)")
+    gw.add_argument(
+        "--api-keys",
+        default=None,
+        metavar="FILE",
+        help="allowed API keys, each mapped to a session prefix (JSON {key: prefix} or 'KEY PREFIX' lines); "
+        "required to bind anything but loopback",
+    )
     gw.set_defaults(func=run_gateway)
 
     ag = sub.add_parser(
@@ -98,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_gateway(args: argparse.Namespace) -> int:
     from posttrain.agentic.gateway import serve_gateway
 
-    return serve_gateway(args.model, args.host, args.port, args.traces)
+    return serve_gateway(args.model, args.host, args.port, args.traces, args.api_keys)
 
 
 def run_agentic_cmd(args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import fs
 from formats.manifest import QUARANTINE_DIR, SHARDS_DIR, Manifest, QuarantineEntry, ShardEntry, Totals
+from formats.outcomes import is_filtered
 from formats.quarantine import iter_quarantine, quarantine_files, write_quarantine
 from formats.records import Dropped
 from formats.shards import SCHEMA_VERSION, ShardFile
@@ -213,6 +214,9 @@ class ProcessDocument(beam.DoFn):
                 if not is_infrastructure_error(e):
                     raise
                 log.warning("%s: attempt %d/%d failed: %r", source, attempt, self.retry.attempts, e)
+                from parsing.api import close_default_parser
+
+                close_default_parser()  # the next try (or document) gets a fresh parse worker
                 if attempt == self.retry.attempts:
                     return retryable_result(doc_id, source, e, attempt)
                 Metrics.counter(NAMESPACE, "build_retries").inc()
@@ -463,7 +467,10 @@ def write_manifest(
     by_reason = Counter(f"{d.stage}.{d.reason}" for d in dropped)
     doc_level = {d.item_id for d in dropped if not is_page_id(d.item_id) and d.reason != "retryable"}
     retryable = {d.item_id for d in dropped if d.reason == "retryable"}
-    failed = {d.item_id for d in dropped if d.item_id in doc_level and d.reason not in NOT_FAILURES}
+    filtered = {d.item_id for d in dropped if d.item_id in doc_level and is_filtered(d.stage, d.reason)}
+    failed = doc_level - filtered
+    page_level = [d for d in dropped if is_page_id(d.item_id) and d.item_id.split(":")[0] not in retryable]
+    pages_filtered = sum(1 for d in page_level if is_filtered(d.stage, d.reason))
     shard_files = [fs.join(paths.shards, e.file) for e in shards]
     docs_in_shards: set[str] = set()
     for f in shard_files:
@@ -490,6 +497,10 @@ def write_manifest(
             tokens=sum(e.tokens for e in shards),
             documents_retryable=len(retryable),
             documents_failed=len(failed),
+            documents_filtered=len(filtered),
+            pages=int(counters.get("pages", 0)),
+            pages_failed=len(page_level) - pages_filtered,
+            pages_filtered=pages_filtered,
         ),
         dropped_by_reason=dict(sorted(by_reason.items())),
         quarantine=quarantine,
@@ -500,9 +511,6 @@ def write_manifest(
     manifest.write(out)
     return manifest
 
-
-# Document-level dead letters that are not failures: the content was kept under another id, or removed on purpose.
-NOT_FAILURES = frozenset({"duplicate", "near_duplicate", "benchmark_overlap"})
 
 _PAGE_ID = re.compile(r"^[0-9a-f]{64}:\d+$")
 

@@ -300,7 +300,11 @@ class Gateway:
         lock = self._session_locks.setdefault(session, asyncio.Lock())
         async with lock:
             call = self._prepare(session, conv, protocol)
-            traj = await self.driver.generate(call.request)
+            try:
+                traj = await self.driver.generate(call.request)
+            except asyncio.CancelledError:  # the client went away: free the engine slot before its next step
+                self.driver.abort(call.request.request_id)
+                raise
             return self._capture(call, traj)
 
     async def stream(self, session: str, conv: Conversation, protocol: str) -> GenerationStream:
@@ -368,7 +372,12 @@ class Gateway:
                 f"temperature must be >= 0 (0 = greedy) and top_p in (0, 1]; got {conv.temperature}, {conv.top_p}",
                 "invalid_sampling_parameters",
             )
-        text = render(self.tokenizer, conv)
+        try:
+            text = render(self.tokenizer, conv)
+        except Exception as e:  # the chat template refused the conversation (wrong types, roles): the client's
+            raise InvalidRequest(
+                f"the conversation cannot be rendered: {type(e).__name__}: {e}", "invalid_request"
+            ) from e
         m = self.store.match_text(session, text)
         delta_text = text[m.offset :]
         delta_ids = self.tokenizer.encode(delta_text, add_special_tokens=False) if delta_text else []
@@ -468,17 +477,34 @@ def build_app(gateway: Gateway):
 
     async def run(req: HttpRequest, sid: str | None, parse, protocol: str):
         """(Generation or, for ``stream: true``, GenerationStream; conversation; body; error response or None)."""
-        body = await req.json()
-        conv = parse(body, default_max)
-        call = gateway.stream if conv.stream else gateway.generate
+        body, conv = None, None
         try:
-            g = await call(session_of(req.headers, sid), conv, protocol)
+            try:
+                body = await req.json()
+                conv = parse(body, default_max)
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # malformed: the client's
+                raise InvalidRequest(f"malformed request: {type(e).__name__}: {e}", "invalid_request") from None
+            if conv.stream:
+                g = await gateway.stream(session_of(req.headers, sid), conv, protocol)
+            else:
+                g = await _unless_disconnected(req, gateway.generate(session_of(req.headers, sid), conv, protocol))
         except InvalidRequest as e:
             err = {"type": "invalid_request_error", "message": str(e), "code": e.code}
             if protocol == "messages":
                 return None, conv, body, JSONResponse({"type": "error", "error": err}, status_code=400)
             return None, conv, body, JSONResponse({"error": err}, status_code=400)
         return g, conv, body, None
+
+    async def _unless_disconnected(req: HttpRequest, work):
+        """Await a non-streaming call, cancelling it (and so aborting its engine request) if the client goes away."""
+        task = asyncio.ensure_future(work)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                return task.result()
+            if await req.is_disconnected():
+                task.cancel()
+                raise InvalidRequest("the client went away", "client_disconnected")
 
     async def chat(req: HttpRequest, sid: str | None = None):
         g, conv, body, err = await run(req, sid, parse_chat, "chat")
@@ -535,12 +561,32 @@ def load_model_gateway(model: str, config: GatewayConfig = GatewayConfig(), capa
     return Gateway(HFEngine(lm, capacity=capacity), tok, config)
 
 
-def serve_gateway(model: str, host: str = "127.0.0.1", port: int = 8000, trace_path: str | None = None) -> int:
-    """What ``scifolio posttrain gateway --model M --host H --port P`` runs (blocks until stopped)."""
+def serve_gateway(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    trace_path: str | None = None,
+    api_keys: str | None = None,
+) -> int:
+    """What ``scifolio posttrain gateway --model M --host H --port P [--api-keys FILE]`` runs (blocks until
+    stopped), behind ``guard.Guard`` (keys and request limits). Without keys it binds loopback only: refused
+    (exit 2, before the model loads) for any other host."""
+    import sys
+
     import uvicorn
 
+    from posttrain.agentic.guard import Guard, is_loopback, load_api_keys
+
+    if api_keys is None and not is_loopback(host):
+        print(
+            f"error: refusing to bind {host} without --api-keys: any client that can reach the port could write into "
+            "any session's traces (give --api-keys FILE, or bind 127.0.0.1)",
+            file=sys.stderr,
+        )
+        return 2
+    keys = load_api_keys(api_keys) if api_keys else None
     gw = load_model_gateway(model, GatewayConfig(trace_path=trace_path))
-    uvicorn.run(build_app(gw), host=host, port=port, log_level="warning")
+    uvicorn.run(Guard(build_app(gw), keys), host=host, port=port, log_level="warning")
     return 0
 
 
@@ -552,8 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--traces", default=None, help="SQLite file for the trace store")
+    p.add_argument("--api-keys", default=None, help="allowed keys → session prefixes (posttrain/agentic/guard.py)")
     a = p.parse_args(argv)
-    return serve_gateway(a.model, a.host, a.port, a.traces)
+    return serve_gateway(a.model, a.host, a.port, a.traces, a.api_keys)
 
 
 class ServerThread:

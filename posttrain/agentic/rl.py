@@ -17,12 +17,13 @@ from __future__ import annotations
 import copy
 import json
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from posttrain.agentic.jail import SandboxConfig
 from posttrain.agentic.tasks import INFRA, HarnessRun, SimpleHarness, Task, coding_tasks, verify
 from posttrain.agentic.traces import TraceStore
 from posttrain.objectives.advantages import loo_advantages
@@ -183,6 +184,8 @@ class AgenticConfig:
     lr: float = 1e-2
     """Learner AdamW learning rate."""
     seed: int = 0
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """The jail of the harness's commands and the grader (``--set sandbox.allow_unjailed=true``)."""
 
 
 def debug() -> AgenticConfig:
@@ -239,7 +242,7 @@ class AgenticStage:
         from posttrain.rollout.scheduler import Batch
 
         cfg, step = self.cfg, self.step_index
-        groups, rewards_all, infra, self._advs = [], [], 0, {}
+        groups, rewards_all, infra, unjailed, self._advs = [], [], 0, 0, {}
         for task in self.tasks:
             sessions, rewards, weights = [], [], []
             for r in range(cfg.group_size):
@@ -247,8 +250,10 @@ class AgenticStage:
                 self.agent.assign(sid, behaviour_replies(task, BEHAVIOURS[(r + step) % len(BEHAVIOURS)]))
                 with tempfile.TemporaryDirectory() as tmp:
                     work = task.setup(Path(tmp))
-                    run = SimpleHarness(self.url + "/v1", sid, max_turns=cfg.max_turns).run(task.objective, work)
-                    verdict = verify(task, work)
+                    harness = SimpleHarness(self.url + "/v1", sid, max_turns=cfg.max_turns, sandbox=cfg.sandbox)
+                    run = harness.run(task.objective, work)
+                    verdict = verify(task, work, sandbox=cfg.sandbox)
+                unjailed += not verdict.jailed
                 if verdict.status == INFRA or sid not in self.store.session_calls:
                     infra += 1
                     continue
@@ -263,7 +268,8 @@ class AgenticStage:
             groups.append([to_trajectory(self.store, s, rw) for s, rw in zip(sessions, rewards)])
             rewards_all += rewards
         self.step_index += 1
-        self._stats = {"reward_mean": sum(rewards_all) / max(len(rewards_all), 1), "infra": infra}
+        # unjailed: sessions graded outside the jail (sandbox.allow_unjailed), said per step
+        self._stats = {"reward_mean": sum(rewards_all) / max(len(rewards_all), 1), "infra": infra, "unjailed": unjailed}
         return Batch(groups=groups, version=self.learner.version, stats=dict(self._stats))
 
     def train(self, batch: Batch) -> dict[str, Any]:

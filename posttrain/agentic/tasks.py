@@ -8,10 +8,12 @@ fail-to-pass and every pass-to-pass test must pass. Missing artefacts, a runner 
 out, and output that cannot be parsed are ``infra_error`` verdicts with ``reward None``: never a pass
 or a fail, and not trained on.
 
-Sandbox: a subprocess in the task directory, ``python -I -B`` (no stale bytecode), a scrubbed environment, CPU-seconds,
-address-space and file-size limits (``resource``), a wall-clock timeout, and no network: inside
-``unshare -n`` (a fresh network namespace with no interfaces up) when that works here (root); when it
-does not, ``SandboxResult.isolated`` is False and says so.
+Sandbox: the test runner (``python -I -B``: no stale bytecode), the harness's ``run_tests`` tool and every
+command of a third-party harness (``JailedEnvironment``) run in the bubblewrap jail of
+``posttrain.agentic.jail``: read-only system and Python, the task directory the only writable place, a private
+``/tmp``, no network, new PID/IPC/UTS namespaces, an unprivileged uid, rlimits and a wall-clock timeout. Where
+the jail cannot start the run is refused unless ``SandboxConfig.allow_unjailed``; ``Verdict.jailed`` records
+which it was.
 
 ``SimpleHarness`` is a harness with its own loop: it talks to a model URL through the official
 ``openai`` SDK (Chat Completions), executes the tools the model calls (``write_file``, ``read_file``,
@@ -24,16 +26,23 @@ Run the tests: ``python -m pytest tests/posttrain/agentic/test_tasks.py -q``
 from __future__ import annotations
 
 import json
-import os
-import resource
 import shutil
-import signal
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from posttrain.agentic.jail import (
+    JailUnavailable,
+    SandboxConfig,
+    SandboxLimits,
+    SandboxResult,
+    jail_available,
+    jail_problem,
+    run_jailed,
+    unshare_net_works,
+)
 
 PASS, FAIL, INFRA = "pass", "fail", "infra_error"
 
@@ -60,79 +69,24 @@ print("__RESULTS__ " + json.dumps(results))
 """
 
 
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-command limits of the sandbox."""
-
-    wall_s: float = 20.0
-    """Wall-clock timeout (the process group is killed)."""
-    cpu_s: int = 10
-    """RLIMIT_CPU seconds."""
-    memory_mb: int = 1024
-    """RLIMIT_AS megabytes."""
-    file_mb: int = 16
-    """RLIMIT_FSIZE megabytes (largest file the command may write)."""
-
-
-@dataclass
-class SandboxResult:
-    returncode: int | None
-    """None when it was killed by the wall-clock timeout."""
-    stdout: str
-    stderr: str
-    isolated: bool
-    """True when it ran without network (its own network namespace)."""
-
-
 @lru_cache(maxsize=1)
 def network_isolation() -> bool:
-    """Whether ``unshare -n`` works here (needs root / CAP_SYS_ADMIN)."""
-    if not shutil.which("unshare"):
-        return False
-    try:
-        return subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    """Whether commands run without the host's network here: in the jail, or else under ``unshare -n``."""
+    return jail_available() or unshare_net_works()
 
 
-def run_sandboxed(argv: list[str], cwd: Path, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
-        mem = limits.memory_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        fsz = limits.file_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsz, fsz))
-        os.setsid()
-
-    isolated = network_isolation()
-    cmd = (["unshare", "-n"] if isolated else []) + argv
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8"}
-    # Its own session (setsid in ``limit``): on timeout, and after it exits, the whole process group is killed,
-    # so a test that forks or leaves a daemon behind cannot outlive its command.
-    p = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit
-    )
-    try:
-        out, err = p.communicate(timeout=limits.wall_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(p.pid)
-        out, _ = p.communicate()
-        return SandboxResult(None, out or "", "timeout", isolated)
-    finally:
-        _kill_group(p.pid)
-    return SandboxResult(p.returncode, out, err, isolated)
+def run_sandboxed(
+    argv: list[str], cwd: Path, limits: SandboxLimits = SandboxLimits(), sandbox: SandboxConfig = SandboxConfig()
+) -> SandboxResult:
+    """Run ``argv`` in the jail (``posttrain.agentic.jail``) with ``cwd`` its only writable directory."""
+    return run_jailed(argv, cwd, limits, sandbox.allow_unjailed)
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # nothing left in the group
-
-
-def run_tests(workdir: Path, files: list[str], limits: SandboxLimits = SandboxLimits()) -> tuple[dict | None, str]:
+def run_tests(
+    workdir: Path, files: list[str], limits: SandboxLimits = SandboxLimits(), sandbox: SandboxConfig = SandboxConfig()
+) -> tuple[dict | None, str]:
     """Run test files with the built-in runner; (results or None when unparseable, raw output)."""
-    r = run_sandboxed([sys.executable, "-I", "-B", "-c", RUNNER, *files], workdir, limits)
+    r = run_sandboxed([sys.executable, "-I", "-B", "-c", RUNNER, *files], workdir, limits, sandbox)
     for line in r.stdout.splitlines():
         if line.startswith("__RESULTS__ "):
             try:
@@ -179,12 +133,35 @@ class Verdict:
     detail: str = ""
     results: dict[str, str] = field(default_factory=dict)
     isolated: bool = False
+    jailed: bool = False
+    """False when the grader ran outside the bubblewrap jail (``sandbox.allow_unjailed``)."""
+
+
+def _overlay(workdir: Path, rel: str, text: str) -> None:
+    """Write a grading artefact where the agent may have left a symlink or a directory: this runs outside the
+    jail, so it must never follow the agent's links out of the repository."""
+    root = workdir.resolve()
+    target = root / rel
+    parent = target.parent
+    if parent.is_symlink() or (parent.exists() and root not in (parent.resolve(), *parent.resolve().parents)):
+        raise ValueError(f"grading artefact {rel}: its directory leaves the repository")
+    parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.exists():
+        shutil.rmtree(target)
+    target.write_text(text)
 
 
 def verify(
-    task: Task, workdir: Path, limits: SandboxLimits = SandboxLimits(), grading_dir: Path | None = None
+    task: Task,
+    workdir: Path,
+    limits: SandboxLimits = SandboxLimits(),
+    grading_dir: Path | None = None,
+    sandbox: SandboxConfig = SandboxConfig(),
 ) -> Verdict:
-    """Overlay the hidden tests onto ``workdir`` (after the agent stopped), run them, grade all-correct.
+    """Overlay the hidden tests onto ``workdir`` (after the agent stopped), run them in the jail, grade
+    all-correct. Raises ``JailUnavailable`` when the jail cannot start and ``sandbox`` does not allow that.
 
     ``grading_dir``: where the artefacts come from (default: the task's own ``hidden_tests``); a test
     can point it at an incomplete copy to simulate missing artefacts.
@@ -194,25 +171,33 @@ def verify(
         artefacts = {rel: (grading_dir / rel).read_text() for rel in task.hidden_tests if (grading_dir / rel).exists()}
     missing = sorted(set(task.hidden_tests) - set(artefacts))
     if missing:
-        return Verdict(INFRA, None, f"missing grading artefacts: {missing}")
-    for rel, text in artefacts.items():  # overwrite whatever the agent left at these paths
-        (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
-        (workdir / rel).write_text(text)
-    results, raw = run_tests(workdir, sorted(artefacts), limits)
-    iso = network_isolation()
+        return Verdict(INFRA, None, f"missing grading artefacts: {missing}", jailed=jail_available())
+    try:
+        for rel, text in artefacts.items():  # overwrite whatever the agent left at these paths
+            _overlay(workdir, rel, text)
+    except ValueError as e:  # the agent replaced a test directory by a link out: its attempt fails
+        return Verdict(FAIL, 0.0, str(e), jailed=jail_available())
+    results, raw = run_tests(workdir, sorted(artefacts), limits, sandbox)
+    iso, jailed = network_isolation(), jail_available()
     if results is None:
-        return Verdict(INFRA, None, "verifier output unparseable or runner crashed:\n" + raw[-2000:], isolated=iso)
+        return Verdict(
+            INFRA,
+            None,
+            "verifier output unparseable or runner crashed:\n" + raw[-2000:],
+            isolated=iso,
+            jailed=jailed,
+        )
     wanted = task.fail_to_pass + task.pass_to_pass
     for t in wanted:  # a test file that no longer imports (the agent broke the code under test) fails its tests
         if t not in results and results.get(t.split("::")[0] + "::<import>") == "error":
             results[t] = "failed"
     absent = [t for t in wanted if t not in results]
     if absent:
-        return Verdict(INFRA, None, f"tests not reported by the runner: {absent}", results, iso)
+        return Verdict(INFRA, None, f"tests not reported by the runner: {absent}", results, iso, jailed)
     bad = [t for t in wanted if results[t] != "passed"]
     if bad:
-        return Verdict(FAIL, 0.0, f"not passing: {bad}", results, iso)
-    return Verdict(PASS, 1.0, "all fail-to-pass and pass-to-pass tests pass", results, iso)
+        return Verdict(FAIL, 0.0, f"not passing: {bad}", results, iso, jailed)
+    return Verdict(PASS, 1.0, "all fail-to-pass and pass-to-pass tests pass", results, iso, jailed)
 
 
 def coding_tasks() -> list[Task]:
@@ -321,8 +306,18 @@ class HarnessRun:
 class SimpleHarness:
     """Own loop, tools and stop rule; given only an objective, a working directory and a model URL."""
 
-    def __init__(self, base_url: str, api_key: str, model: str = "scifolio", max_turns: int = 6) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        model: str = "scifolio",
+        max_turns: int = 6,
+        sandbox: SandboxConfig = SandboxConfig(),
+    ) -> None:
         self.base_url, self.api_key, self.model, self.max_turns = base_url, api_key, model, max_turns
+        self.sandbox = sandbox
+        if not sandbox.allow_unjailed and not jail_available():  # refuse before the model is called, not mid-run
+            raise JailUnavailable(f"{jail_problem()}; refusing to run agent commands unjailed")
 
     def _tool(self, workdir: Path, name: str, args: dict[str, Any]) -> tuple[str, bool]:
         try:
@@ -340,7 +335,7 @@ class SimpleHarness:
                 return target.read_text(), False
             if name == "run_tests":
                 files = sorted(p.name for p in workdir.glob("test_*.py"))
-                results, raw = run_tests(workdir, files)
+                results, raw = run_tests(workdir, files, sandbox=self.sandbox)
                 if results is None:
                     return "Error: " + raw[-500:], True
                 failed = [k for k, v in results.items() if v != "passed"]

@@ -120,3 +120,87 @@ def test_a_parse_worker_that_cannot_start_is_an_infrastructure_failure(tiny_toke
         builder.build(data, "x.pdf", [Dropped(doc_id, "open", "worker_start", {"source": "x.pdf"})])
     final = builder.build(data, "x.pdf", [Dropped(doc_id, "open", "corrupt", {"source": "x.pdf"})])
     assert [(d.stage, d.reason) for d in final.dropped] == [("open", "corrupt")] and not final.retryable
+
+
+def _shard_hashes(out: Path) -> list[tuple[str, str]]:
+    return [(e.file, e.sha256) for e in Manifest.read(out).shards]
+
+
+def test_a_page_out_of_memory_leaves_the_document_retryable_and_a_rerun_equals_a_clean_run(
+    tmp_path: Path, tiny_tokenizer: str, monkeypatch
+):
+    """The backend raises MemoryError on page 1 of a.pdf: not a page drop but an infrastructure failure, retried
+    in a fresh worker, then the document is ``build/retryable`` and not done; the rerun builds it, and its
+    shards equal those of a clean run."""
+    from parsing.api import TEST_RAISE_ENV
+
+    pdfs = tmp_path / "pdfs"
+    pdfs.mkdir()
+    write_paper(pdfs / "a.pdf", n_pages=2, seed=1)
+    write_paper(pdfs / "b.pdf", n_pages=1, seed=2)
+    retry = ["--retries", "1", "--retry-backoff", "0.01"]
+    monkeypatch.setenv(TEST_RAISE_ENV, "MemoryError:page:1")
+    assert _build(pdfs, tmp_path / "out", tiny_tokenizer, *retry) == 1
+    t = Manifest.read(tmp_path / "out").totals
+    assert (t.documents_in_shards, t.documents_retryable, t.documents_failed, t.pages_failed) == (1, 1, 0, 0)
+    dropped = list(iter_quarantine(tmp_path / "out" / "quarantine"))
+    assert [(d.stage, d.reason) for d in dropped] == [("build", "retryable")]
+    assert "infrastructure" in dropped[0].detail["error"] and dropped[0].detail["attempts"] == 2
+    monkeypatch.delenv(TEST_RAISE_ENV)
+    assert _build(pdfs, tmp_path / "out", tiny_tokenizer, *retry) == 0  # the machine is fine again
+    assert _build(pdfs, tmp_path / "clean", tiny_tokenizer) == 0
+    assert _shard_hashes(tmp_path / "out") == _shard_hashes(tmp_path / "clean")
+    t = Manifest.read(tmp_path / "out").totals
+    assert (t.documents_in_shards, t.documents_retryable, t.pages, t.pages_failed) == (2, 0, 3, 0)
+    assert not list(iter_quarantine(tmp_path / "out" / "quarantine"))
+
+
+def test_a_page_content_error_is_dropped_with_its_reason_and_counts_toward_the_page_rate(
+    tmp_path: Path, tiny_tokenizer: str, monkeypatch
+):
+    from parsing.api import TEST_RAISE_ENV
+
+    pdfs = tmp_path / "pdfs"
+    pdfs.mkdir()
+    write_paper(pdfs / "a.pdf", n_pages=2, seed=1)
+    write_paper(pdfs / "b.pdf", n_pages=1, seed=2)
+    monkeypatch.setenv(TEST_RAISE_ENV, "ValueError:page:1")
+    assert _build(pdfs, tmp_path / "out", tiny_tokenizer) == 0  # documents: 0 % failed; pages unlimited
+    t = Manifest.read(tmp_path / "out").totals
+    assert (t.documents_in_shards, t.documents_retryable, t.pages, t.pages_failed) == (2, 0, 3, 1)
+    (d,) = iter_quarantine(tmp_path / "out" / "quarantine")
+    assert (d.stage, d.reason, d.item_id.rsplit(":", 1)[1]) == ("parse", "backend_error", "1")
+    assert "ValueError: test hook: page 1" in d.detail["detail"]
+    assert _build(pdfs, tmp_path / "out", tiny_tokenizer, "--max-error-rate", "0.05,pages=0.2") == 1  # 33 % > 20 %
+    assert _build(pdfs, tmp_path / "out", tiny_tokenizer, "--max-error-rate", "pages=0.5") == 0
+
+
+def test_a_filter_that_keeps_no_page_is_an_outcome_not_a_failure(tiny_tokenizer, capsys):
+    from formats.manifest import Totals
+    from formats.outcomes import is_filtered
+    from formats.records import Dropped
+    from pipelines.cli.build import ErrorRates, error_rates, exit_status
+
+    data = b"%PDF-filtered"
+    doc = Document(__import__("hashlib").sha256(data).hexdigest(), "x.pdf", 1)
+    page = Page(doc.doc_id, 0, 100.0, 100.0, (), parser="t")
+
+    def below_threshold(document, pages):
+        return [], [Dropped(p.page_id, "visual_gain", "below_threshold", {}) for p in pages]
+
+    r = DocumentBuilder(BuildConfig(tokenizer=tiny_tokenizer), page_filter=below_threshold).build(
+        data, "x.pdf", [doc, page]
+    )
+    assert [(d.stage, d.reason) for d in r.dropped] == [
+        ("visual_gain", "below_threshold"),
+        ("visual_gain", "no_page_kept"),
+    ]
+    assert all(is_filtered(d.stage, d.reason) for d in r.dropped) and not r.retryable
+
+    class M:  # a build where visual gain kept no page of any document
+        totals = Totals(2, 0, 2, 0, 0, documents_filtered=2, pages=2, pages_filtered=2)
+        dropped_by_reason = {"visual_gain.below_threshold": 2, "visual_gain.no_page_kept": 2}
+
+    assert exit_status(M, error_rates("0")) == 0
+    assert "filtered (policy)" in capsys.readouterr().out
+    assert error_rates("0.1,pages=0.02") == ErrorRates(0.1, 0.02) and error_rates("pages=0") == ErrorRates(0.05, 0.0)

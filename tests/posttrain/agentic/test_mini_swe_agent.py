@@ -1,9 +1,9 @@
 """A third-party harness from PyPI, unmodified: mini-swe-agent (its ``DefaultAgent`` + ``LitellmModel`` +
-``LocalEnvironment`` with its shipped ``mini.yaml`` config) solves a coding task against the gateway.
+its shipped ``mini.yaml`` config) solves a coding task against the gateway, its commands run through our
+``JailedEnvironment`` (the bubblewrap jail) in place of its ``LocalEnvironment``.
 
 A scripted engine plays the model (3 tool calls of mini-swe-agent's ``bash`` tool); the session's trace
-must hold exactly the engine's ids, with the loss mask 1 only on assistant tokens. mini-swe-agent's
-``LocalEnvironment`` runs commands in a plain subshell (not our sandbox); the commands are the script's.
+must hold exactly the engine's ids, with the loss mask 1 only on assistant tokens; every command ran jailed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
 import minisweagent  # noqa: E402,F401  (dev extra: a missing harness must fail, not skip)
 
 from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app  # noqa: E402
+from posttrain.agentic.jail import JailedEnvironment  # noqa: E402
 from posttrain.agentic.rl import ScriptedAgent, tool_call_text  # noqa: E402
 from posttrain.agentic.scripted import ScriptedTokenEngine  # noqa: E402
 from posttrain.agentic.tasks import PASS, coding_tasks, verify  # noqa: E402
@@ -27,7 +28,6 @@ def test_mini_swe_agent_unmodified_against_the_gateway(tmp_path):
     from importlib.resources import files
 
     from minisweagent.agents.default import DefaultAgent
-    from minisweagent.environments.local import LocalEnvironment
     from minisweagent.models.litellm_model import LitellmModel
 
     task = coding_tasks()[0]
@@ -52,11 +52,13 @@ def test_mini_swe_agent_unmodified_against_the_gateway(tmp_path):
             model_kwargs={"api_base": url + "/v1", "api_key": sid, "drop_params": True},
             cost_tracking="ignore_errors",
         )
-        env = LocalEnvironment(cwd=str(work))
+        env = JailedEnvironment(work)
         agent_cfg = {k: v for k, v in cfg["agent"].items() if k != "mode"}
         agent = DefaultAgent(model, env, **agent_cfg)
         result = agent.run(task.objective)
     assert result["exit_status"] == "Submitted"
+    assert [c for c, _ in env.results][:2] == ["cat calc.py", f"cat > {path} <<'EOF'\n{good}EOF"]
+    assert all(r.jailed for _, r in env.results)
     assert verify(task, work).status == PASS
     store = gw.store
     calls = store.session_calls[sid]
