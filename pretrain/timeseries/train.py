@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from formats import fs
 from formats.overrides import with_overrides
 from formats.series import SeriesRecord
 from pretrain.timeseries.config import TimeseriesConfig
@@ -94,19 +95,6 @@ def _cosine(total: int, floor: float = 0.1) -> Callable[[int], float]:
     return lambda s: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(s, total) / max(total, 1)))
 
 
-def _save(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # a crash leaves the previous checkpoint whole
-
-
-def _trim_metrics(path: Path, step: int) -> None:
-    if not path.exists():
-        return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in keep))
-
-
 def train(
     cfg: TimeseriesConfig,
     records: Sequence[SeriesRecord],
@@ -116,9 +104,9 @@ def train(
     data_files: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Train to ``cfg.train.steps``; returns the last metrics line. ``resume`` needs ``out_dir/ckpt.pt``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt_path, metrics_path = out / "ckpt.pt", out / "metrics.jsonl"
+    from formats.rundir import RunDir
+
+    run = RunDir(out_dir, resume=resume, checkpoint="ckpt.pt")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -128,37 +116,28 @@ def train(
     rng = random.Random(cfg.seed)
     start = 0
     if resume:
-        if not ckpt_path.exists():
-            raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
-        state = torch.load(ckpt_path, weights_only=False)
+        state = run.load_checkpoint(lambda p: torch.load(p, weights_only=False))
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         sched.load_state_dict(state["sched"])
         rng.setstate(state["rng"])
         start = state["step"]
-        _trim_metrics(metrics_path, start)
-    else:
-        metrics_path.unlink(missing_ok=True)
-    (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2, sort_keys=True) + "\n")
-    (out / "data.json").write_text(
-        json.dumps({"files": list(data_files), "series": len(records), "holdout": cfg.train.holdout}, indent=2) + "\n"
+        run.trim(start)
+    run.write_config(config_to_dict(cfg))
+    fs.write_text(
+        run.path / "data.json",
+        json.dumps({"files": list(data_files), "series": len(records), "holdout": cfg.train.holdout}, indent=2) + "\n",
     )
 
     def checkpoint(step: int) -> None:
         state = {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
-        _save(ckpt_path, {**state, "step": step, "rng": rng.getstate()})
+        run.save_checkpoint(lambda f: torch.save({**state, "step": step, "rng": rng.getstate()}, f))
 
     batches = windows(series_arrays(records, cfg.train.holdout), cfg, rng)
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-
-        tb = SummaryWriter(str(out / "tb"))
-    except ImportError:  # tensorboard is the pretrain extra's; metrics.jsonl is the record either way
-        tb = None
     last: dict[str, Any] = {"step": start}
     t0, window_loss = time.time(), []
     model.train()
-    with open(metrics_path, "a") as log:
+    try:
         for step in range(start + 1, cfg.train.steps + 1):
             ctx, tgt, texts = next(batches)
             losses = model.loss(ctx, tgt, texts)
@@ -178,18 +157,14 @@ def train(
                     "elapsed_s": round(time.time() - t0, 2),
                 }
                 window_loss = []
-                log.write(json.dumps(last) + "\n")
-                log.flush()
-                if tb is not None:
-                    for k in ("loss", "point", "quantile", "lr"):
-                        tb.add_scalar(f"train/{k}", last[k], step)
+                run.log(last)
                 if not quiet:
                     print(json.dumps(last), flush=True)
             if step % cfg.train.save_every == 0 and step != cfg.train.steps:
                 checkpoint(step)
-    checkpoint(max(cfg.train.steps, start))
-    if tb is not None:
-        tb.close()
+        checkpoint(max(cfg.train.steps, start))
+    finally:
+        run.close()
     return last
 
 
