@@ -10,7 +10,9 @@ Per problem, at most ``max_rounds`` reasoning rounds, each:
 
 A statement already accepted in memory is not new (dropped); re-proposing an uncertain one re-verifies it as a
 new entry that supersedes the old. ``USES`` ids are checked against the memory; unknown ones are dropped from
-the graph and reported. Reasoning stops for a problem once it has an answer. Then at most ``max_revisions``
+the graph and reported. Reasoning stops for a problem once it has an answer whose support (every lemma it rests
+on, transitively) is accepted; an answer resting on an uncertain lemma is kept, and reasoning goes on so the next
+round can re-derive what failed (it becomes the pending answer if the rounds run out). Then at most ``max_revisions``
 revision rounds: the pending answer is verified (n checks); accepted → final; otherwise the **reviser** gets the
 memory plus the verifier's feedback on every rejected answer and proposes a new one. A problem whose answers
 were all rejected ends with its last one.
@@ -157,11 +159,14 @@ class LemmaAgent:
         if len({t.problem_id for t in traces}) != len(traces):
             raise ValueError("problem ids must be unique within a batch")
         pending: dict[int, AnswerRecord] = {}
+        unsupported: dict[int, AnswerRecord] = {}
         for _ in range(cfg.max_rounds):
             active = [i for i, t in enumerate(traces) if i not in pending]
             if not active:
                 break
-            self._reasoning_round([traces[i] for i in active], pending, active)
+            self._reasoning_round([traces[i] for i in active], pending, active, unsupported)
+        for i, a in unsupported.items():
+            pending.setdefault(i, a)
         done: set[int] = set()
         for _ in range(cfg.max_revisions):
             need = [i for i in range(len(traces)) if i not in done]
@@ -173,7 +178,9 @@ class LemmaAgent:
                 t.final = t.answers[-1].id  # every answer rejected: the last one stands
         return traces
 
-    def _reasoning_round(self, ts: list[Trace], pending: dict[int, AnswerRecord], idx: list[int]) -> None:
+    def _reasoning_round(
+        self, ts: list[Trace], pending: dict[int, AnswerRecord], idx: list[int], unsupported: dict[int, AnswerRecord]
+    ) -> None:
         cfg = self.cfg
         recs = []
         for t in ts:
@@ -220,7 +227,12 @@ class LemmaAgent:
         for i, t, rec, c_r, c_s, refs in zip(idx, ts, recs, reason, summ, local):
             ans = parse_answer(c_s.text) or parse_answer(c_r.text)
             if ans is not None:
-                pending[i] = self._answer(t, rec, ans, refs)
+                a = self._answer(t, rec, ans, refs)
+                if self.supported(t, a.uses):
+                    pending[i] = a
+                    unsupported.pop(i, None)
+                else:
+                    unsupported[i] = a
 
     def _admit(self, t: Trace, rec: RoundRecord, text: str) -> tuple[list[MemoryEntry], dict[str, str]]:
         """Parse a summary into new memory entries (ids ``M<k>``), resolving ``USES`` against the memory; also
@@ -255,6 +267,22 @@ class LemmaAgent:
             target = local.get(u) if u.startswith("L") else (u if u in known else None)
             (uses if target is not None else unknown).append(target if target is not None else u)
         return list(dict.fromkeys(uses)), unknown
+
+    @staticmethod
+    def supported(t: Trace, uses: Sequence[str]) -> bool:
+        """Every lemma reachable backwards from ``uses`` is accepted."""
+        by_id = {m.id: m for m in t.memory}
+        stack, seen = list(uses), set()
+        while stack:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            m = by_id.get(u)
+            if m is None or m.status != "accepted":
+                return False
+            stack.extend(m.uses)
+        return True
 
     def _judge(self, m: MemoryEntry, v: Verdict) -> None:
         m.passes = list(v.passes)
