@@ -159,3 +159,29 @@ def test_no_propagation_without_a_positive_final_reward() -> None:
     c = trace_credit(_hand_trace([False] * 4))
     assert c.reward == 0.0 and set(c.lemma_values.values()) == {0.0} and c.round_values == [0.0] * 5
     assert c.round_mask == [True, True, False, True, True]  # masking does not depend on the reward
+
+
+def test_answer_on_an_uncertain_lemma_keeps_reasoning() -> None:
+    # round 0 derives both steps but the first slips (p_correct 0 for that call only): its lemma is rejected,
+    # so the answer resting on it does not end the reasoning; round 1 re-derives from the accepted memory
+    caller = scripted_caller(p_correct=1.0)
+    policy = caller.policy
+    calls = {"n": 0}
+    real = policy.reason
+
+    def reason(prompt, request):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        policy.p_correct = 0.0 if calls["n"] == 1 else 1.0
+        return real(prompt, request)
+
+    policy.reason = reason
+    (t,) = LemmaAgent(caller, FormalVerifier(), AgentConfig(reasoner_tokens=400, summariser_tokens=800)).solve(
+        [_two_step_row()]
+    )
+    assert [r.phase for r in t.rounds] == ["reason", "reason", "revise"]
+    assert t.answers[0].round == 0 and not LemmaAgent.supported(t, t.answers[0].uses)
+    final = t.final_answer()
+    assert final.round == 1 and final.accepted and final.value == "6"
+    assert (
+        t.memory[0].status == "uncertain" and t.memory[0].superseded_by is None
+    )  # a different (right) statement came next
