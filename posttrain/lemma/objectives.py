@@ -181,3 +181,27 @@ class LemmaGraph:
         out = out.scatter_reduce(0, rounds, lemma_values.to(torch.float64), reduce="amax", include_self=False)
         mask = torch.bincount(rounds, minlength=n_rounds) > 0
         return torch.where(mask, out, torch.zeros_like(out)), mask
+
+
+def round_advantages(round_values: Tensor, round_mask: Tensor, final_rewards: Tensor) -> Tensor:
+    """OREAL-H's high-level advantage per round for G rollouts of one question: ``[G, R]``.
+
+    A round's value (graph credit) minus the leave-one-out mean of the *other* rollouts' final rewards (the
+    baseline of the project's Eq 27); masked rounds (no new lemma) and padding get 0. A rollout that failed has
+    value 0 everywhere, so its lemma-producing rounds get −baseline.
+    """
+    g = final_rewards.shape[0]
+    if g < 2:
+        raise ValueError("round advantages need at least 2 rollouts per question")
+    r = final_rewards.to(torch.float64)
+    baseline = (r.sum() - r) / (g - 1)
+    adv = round_values.to(torch.float64) - baseline.unsqueeze(-1)
+    return torch.where(round_mask.bool(), adv, torch.zeros_like(adv))
+
+
+def saturated_questions(solved: Tensor, group_mask: Tensor | None = None) -> Tensor:
+    """``[B, G]`` solved flags → ``[B]`` True where the pass rate is 0 or 1 (S1-MO drops those questions)."""
+    valid = torch.ones_like(solved, dtype=torch.bool) if group_mask is None else group_mask.bool()
+    n = valid.sum(dim=-1)
+    k = (solved.bool() & valid).sum(dim=-1)
+    return (k == 0) | (k == n)
