@@ -158,6 +158,8 @@ class LemmaAgent:
         traces = [Trace(dict(r), n_checks=cfg.n_checks) for r in rows]
         if len({t.problem_id for t in traces}) != len(traces):
             raise ValueError("problem ids must be unique within a batch")
+        vcaller = getattr(self.verifier, "caller", None)  # a model verifier's calls join the traces too
+        v_start = len(vcaller.calls) if vcaller is not None else 0
         pending: dict[int, AnswerRecord] = {}
         unsupported: dict[int, AnswerRecord] = {}
         for _ in range(cfg.max_rounds):
@@ -176,6 +178,13 @@ class LemmaAgent:
         for t in traces:
             if t.final is None and t.answers:
                 t.final = t.answers[-1].id  # every answer rejected: the last one stands
+        if vcaller is not None:
+            by_id = {t.problem_id: t for t in traces}
+            for c in vcaller.calls[v_start:]:
+                t = by_id.get(c.problem_id)
+                if c.role == "verifier" and t is not None:
+                    t.calls.append(c)
+                    t.rounds[c.round].call_ids.append(c.call_id)
         return traces
 
     def _reasoning_round(

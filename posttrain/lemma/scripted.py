@@ -25,7 +25,6 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from posttrain.lemma.roles import HFCodec, RoleCaller, char_codec
 from posttrain.lemma.statements import decide
@@ -176,8 +175,3 @@ def scripted_caller(
     caller = RoleCaller(engine, codec, seed=seed)
     caller.policy = policy  # type: ignore[attr-defined]
     return caller
-
-
-def scripted_summary(caller: Any) -> dict[str, Any]:
-    p = getattr(caller, "policy", None)
-    return {} if p is None else {"p_correct": p.p_correct, "tokens_per_step": p.tokens_per_step}

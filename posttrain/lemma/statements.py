@@ -87,7 +87,7 @@ def _check_text(expr: str) -> None:
             raise StatementError(f"unknown name {name!r} (variables are single letters)")
 
 
-_BINOPS = {"Add": "+", "Sub": "-", "Mult": "*", "Div": "/", "Pow": "**"}
+_BINOPS = ("Add", "Sub", "Mult", "Div", "Pow")
 
 
 @lru_cache(maxsize=4096)

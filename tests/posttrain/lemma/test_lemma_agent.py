@@ -185,3 +185,17 @@ def test_answer_on_an_uncertain_lemma_keeps_reasoning() -> None:
     assert (
         t.memory[0].status == "uncertain" and t.memory[0].superseded_by is None
     )  # a different (right) statement came next
+
+
+def test_one_policy_plays_the_verifier_and_its_calls_join_the_trace() -> None:
+    from posttrain.lemma.verifiers import ModelVerifier
+
+    caller = scripted_caller(p_correct=1.0)
+    agent = LemmaAgent(caller, ModelVerifier(caller), AgentConfig(reasoner_tokens=400, summariser_tokens=600))
+    (t,) = agent.solve([_two_step_row()])
+    assert t.final_answer().value == "6" and t.final_answer().accepted
+    ver = [c for c in t.calls if c.role == "verifier"]
+    assert len(ver) == 4 * (len(t.memory) + len(t.answers))  # n = 4 sampled judgements per lemma and answer
+    assert all(c.problem_id == "p" and c.token_ids and len(c.logprobs) == len(c.token_ids) for c in ver)
+    assert all(c.call_id in t.rounds[c.round].call_ids for c in ver)
+    assert [m.status for m in t.memory] == ["accepted", "accepted"]
