@@ -41,6 +41,7 @@ def register(posttrain_sub: argparse._SubParsersAction) -> None:
 
 
 def run_solve(args: argparse.Namespace) -> int:
+    from posttrain.lemma.credit import batch_metrics
     from posttrain.lemma.run import SolveConfig, describe, solve, write_trace
     from posttrain.lemma.tasks import read_jsonl
 
@@ -52,7 +53,8 @@ def run_solve(args: argparse.Namespace) -> int:
     if not rows:
         print("error: no problems", file=sys.stderr)
         return 2
-    _, records = solve(cfg, rows)
+    traces, records = solve(cfg, rows)
+    metrics = batch_metrics(traces, cfg.reward)
     if not args.quiet:
         for rec in records:
             print(describe(rec))
@@ -60,7 +62,11 @@ def run_solve(args: argparse.Namespace) -> int:
     tokens = sum(r["policy_tokens"] for r in records) / len(records)
     solved = f"{sum(graded)}/{len(graded)} solved" if graded else "no reference answers"
     print(f"{len(records)} problems: {solved}; {tokens:.0f} policy tokens per problem")
+    print(
+        f"reward {metrics['reward']:.3f}; lemmas per reasoning round {metrics['accepted_per_round']:.2f} accepted, "
+        f"{metrics['uncertain_per_round']:.2f} uncertain; masked rounds {metrics['masked_rounds']:.2f}"
+    )
     if args.out:
-        write_trace(args.out, cfg, records)
+        write_trace(args.out, cfg, records, metrics)
         print(f"trace: {args.out}")
     return 0

@@ -67,3 +67,26 @@ def trace_credit(trace: Trace, reward: str = "conjugate", gamma: float = 1.0, gr
     rv = round_values.tolist() if graph else [r if m else 0.0 for m in mask_l]
     edges = [(g.lemmas[i].id, g.lemmas[j].id) for i, j in g.adjacency.nonzero().tolist()]
     return Credit(r, {lem.id: float(v) for lem, v in zip(g.lemmas, values.tolist())}, rv, mask_l, edges)
+
+
+def batch_metrics(traces: list[Trace], reward: str = "conjugate") -> dict[str, float]:
+    """One metrics row over a batch of traces: mean final reward, solve rate (reference), accepted and uncertain
+    lemmas per reasoning round, the fraction of masked rounds, mean rounds and policy tokens per problem."""
+    if not traces:
+        return {}
+    credits = [trace_credit(t, reward) for t in traces]
+    reason_rounds = sum(1 for t in traces for r in t.rounds if r.phase == "reason")
+    rounds = sum(len(t.rounds) for t in traces)
+    accepted = sum(1 for t in traces for m in t.memory if m.status == "accepted")
+    uncertain = sum(1 for t in traces for m in t.memory if m.status != "accepted")
+    solved = [final_reward(t, "reference") for t in traces if "answer" in t.problem]
+    n = len(traces)
+    return {
+        "reward": sum(c.reward for c in credits) / n,
+        "solved": sum(solved) / len(solved) if solved else float("nan"),
+        "accepted_per_round": accepted / max(1, reason_rounds),
+        "uncertain_per_round": uncertain / max(1, reason_rounds),
+        "masked_rounds": sum(not m for c in credits for m in c.round_mask) / max(1, rounds),
+        "rounds": rounds / n,
+        "policy_tokens": sum(t.policy_tokens() for t in traces) / n,
+    }

@@ -125,8 +125,9 @@ def describe(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_trace(path: str | Path, cfg: SolveConfig, records: list[dict[str, Any]]) -> None:
+def write_trace(path: str | Path, cfg: SolveConfig, records: list[dict[str, Any]], metrics: dict[str, float]) -> None:
     from dataclasses import asdict
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps({"config": asdict(cfg), "problems": records}, default=str))
+    doc = {"config": asdict(cfg), "metrics": metrics, "problems": records}
+    Path(path).write_text(json.dumps(doc, default=str))

@@ -15,7 +15,7 @@ import pytest
 
 from posttrain.lemma import centred_conjugate_reward_exact, conjugate_reward_exact
 from posttrain.lemma.agent import AgentConfig, AnswerRecord, LemmaAgent, MemoryEntry, RoundRecord, Trace
-from posttrain.lemma.credit import trace_credit
+from posttrain.lemma.credit import batch_metrics, trace_credit
 from posttrain.lemma.scripted import scripted_caller
 from posttrain.lemma.statements import answers_match
 from posttrain.lemma.tasks import make_rows
@@ -199,3 +199,13 @@ def test_one_policy_plays_the_verifier_and_its_calls_join_the_trace() -> None:
     assert all(c.problem_id == "p" and c.token_ids and len(c.logprobs) == len(c.token_ids) for c in ver)
     assert all(c.call_id in t.rounds[c.round].call_ids for c in ver)
     assert [m.status for m in t.memory] == ["accepted", "accepted"]
+
+
+def test_batch_metrics_row() -> None:
+    good, bad = _hand_trace([True, True, True, False]), _hand_trace([False] * 4)
+    good.memory[0].status = "accepted"
+    m = batch_metrics([good, bad])
+    assert m["reward"] == pytest.approx((20 / 21) / 2)
+    assert m["solved"] == 1.0  # both final answers are "1", the reference
+    assert m["accepted_per_round"] == pytest.approx(1 / 8) and m["uncertain_per_round"] == pytest.approx(9 / 8)
+    assert m["masked_rounds"] == pytest.approx(2 / 10) and m["rounds"] == 5

@@ -24,6 +24,7 @@ def test_solve_a_task_file_prints_and_writes_the_trace(tmp_path, capsys) -> None
     assert "4 problems: 4/4 solved" in printed and "memory:" in printed and "graph: M1->M2" in printed
     doc = json.loads(out.read_text())
     assert doc["config"]["verifier"] == "noisy" and doc["config"]["agent"]["reasoner_tokens"] == 600
+    assert doc["metrics"]["solved"] == 1.0 and doc["metrics"]["reward"] > 0 and "masked rounds" in printed
     rec = doc["problems"][0]
     assert rec["solved"] is True and rec["credit"]["reward"] > 0
     assert all(len(c["token_ids"]) == len(c["logprobs"]) > 0 for c in rec["calls"])
