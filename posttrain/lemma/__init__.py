@@ -8,10 +8,13 @@ graph credit.
 - ``verifiers``: one ``LemmaVerifier`` interface: formal (sympy + math-verify), model (through an engine),
   noisy (given precision and recall).
 - ``tasks``: generated multi-step problems (each step a lemma the next needs), jsonl rows for ``posttrain/rl``.
-- ``engine``: role calls on a ``RolloutEngine`` (batched; every call's tokens and logprobs recorded).
 - ``agent``: the rounds (reasoner → summariser → verifier, then revisions) and the trace.
-- ``credit``: the trace's lemma graph → lemma values, round values and the round mask for training.
-- ``scripted``: a scripted reasoner/summariser/verifier policy for experiments and tests.
+- ``roles``: role prompts as calls on a ``RolloutEngine`` (batched; every call's tokens and logprobs recorded).
+- ``credit``: the trace's lemma graph → lemma values, round values and the round mask; ``batch_metrics``.
+- ``hier``: traces of G rollouts → per-call ``Trajectory`` + per-token round advantages for ``Learner.update``.
+- ``bc``: cold-start behavioural-cloning examples from the credited rounds of solved problems.
+- ``scripted``: a scripted reasoner/summariser/reviser/verifier policy for experiments and tests.
+- ``run``: what ``scifolio posttrain lemma solve`` runs.
 
     scifolio posttrain lemma solve --model scripted --tasks test.jsonl --out trace.json
 """
