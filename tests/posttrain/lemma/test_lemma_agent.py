@@ -209,3 +209,22 @@ def test_batch_metrics_row() -> None:
     assert m["solved"] == 1.0  # both final answers are "1", the reference
     assert m["accepted_per_round"] == pytest.approx(1 / 8) and m["uncertain_per_round"] == pytest.approx(9 / 8)
     assert m["masked_rounds"] == pytest.approx(2 / 10) and m["rounds"] == 5
+
+
+def test_multi_round_with_memory_beats_one_round_at_the_same_budget() -> None:
+    """The acceptance experiment in small (benchmarks/lemma_agent.py runs it on 100 problems)."""
+    from posttrain.lemma.tasks import train_test_split
+    from posttrain.lemma.verifiers import NoisyVerifier
+
+    _, test = train_test_split(0, 16, seed=0, steps=6)
+    multi = AgentConfig(reasoner_tokens=280, summariser_tokens=600, reviser_tokens=280)
+    budget = 8 * (280 + 600) + 8 * 280
+    single = AgentConfig(max_rounds=1, max_revisions=0, reasoner_tokens=budget, summariser_tokens=600)
+
+    def solved(cfg: AgentConfig) -> int:
+        traces = LemmaAgent(scripted_caller(p_correct=0.7), NoisyVerifier(0.931, 0.818, seed=0), cfg).solve(test)
+        assert all(t.policy_tokens() <= budget for t in traces)
+        return sum(answers_match(t.final_answer().value, t.problem["answer"]) for t in traces if t.final_answer())
+
+    m, s = solved(multi), solved(single)
+    assert m >= s + 5, (m, s)  # 100-problem run: 94 % vs 40 %
