@@ -154,3 +154,33 @@ def test_model_verifier_parses_judgements_through_the_engine() -> None:
     # a reply without a VERDICT line is a failed check
     caller.policy.verify = lambda prompt, request: "hmm\n"
     assert mv.check(items[:1], 4)[0].passes == [False] * 4
+
+
+def test_decide_never_raises_or_runs_away_on_garbage() -> None:
+    """Model text is arbitrary: every string is decided or refused quickly, never an exception."""
+    import time
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    pieces = [*"0123456789+-*/^().,xyt =<>{}[]", "**", "Mod(", "gcd(", "factorial(", "summation(", "oo", "->"]
+    pieces += [
+        "eq: ",
+        "int: ",
+        "solve x: ",
+        "ineq x in [0, 3]: ",
+        "least t >= 1: ",
+        " divides ",
+        " is prime",
+        "__",
+        "'",
+    ]
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.lists(st.sampled_from(pieces), max_size=25).map("".join))
+    def check(text: str) -> None:
+        t0 = time.perf_counter()
+        assert decide(text).ok in (True, False, None)
+        assert time.perf_counter() - t0 < 5
+
+    check()
