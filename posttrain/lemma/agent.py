@@ -352,4 +352,7 @@ class LemmaAgent:
                 traces[i].final = a.id
                 done.add(i)
             else:
-                traces[i].feedback.append(f"answer {a.value} rejected: {sum(a.passes)}/{len(a.passes)} checks passed")
+                why = "; ".join(dict.fromkeys(r for r, ok in zip(v.reasons, v.passes) if not ok))
+                traces[i].feedback.append(
+                    f"answer {a.value} rejected: {sum(a.passes)}/{len(a.passes)} checks passed ({why or 'no reason given'})"
+                )

@@ -160,7 +160,8 @@ class ScriptedPolicy:
                 ok = claim.group(2).strip() == str(v)
         if rng.random() < self.verifier_flip:
             ok = not ok
-        return f"REASON: checked.\nVERDICT: {'VALID' if ok else 'INVALID'}\n"
+        what = "the claim holds" if ok else "the claim does not hold"
+        return f"REASON: {what} ({claim.group(1).lower()} checked exactly).\nVERDICT: {'VALID' if ok else 'INVALID'}\n"
 
 
 def scripted_caller(

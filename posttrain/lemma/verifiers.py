@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -153,6 +154,8 @@ class ModelVerifier:
             for c in calls[i * n : (i + 1) * n]:
                 v = parse_verdict(c.text)
                 passes.append(v is True)
-                reasons.append("unparseable judgement" if v is None else ("valid" if v else "invalid"))
+                why = re.findall(r"^REASON:\s*(.+)$", c.text, re.MULTILINE)
+                verdict = "unparseable judgement" if v is None else ("valid" if v else "invalid")
+                reasons.append(f"{verdict}: {why[-1].strip()[:200]}" if why else verdict)
             out.append(Verdict(passes, reasons))
         return out

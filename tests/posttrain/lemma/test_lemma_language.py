@@ -149,7 +149,9 @@ def test_model_verifier_parses_judgements_through_the_engine() -> None:
         CheckItem("answer", "12", row, key="c"),
         CheckItem("answer", "11", row, key="d"),
     ]
-    assert [v.k for v in mv.check(items, 4)] == [4, 0, 4, 0]
+    verdicts = mv.check(items, 4)
+    assert [v.k for v in verdicts] == [4, 0, 4, 0]
+    assert verdicts[1].reasons[0].startswith("invalid: the claim does not hold")  # REASON lines reach the feedback
     assert len(caller.calls) == 16 and all(c.role == "verifier" and c.logprobs for c in caller.calls)
     # a reply without a VERDICT line is a failed check
     caller.policy.verify = lambda prompt, request: "hmm\n"
