@@ -101,6 +101,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ds.add_argument("--no-progress", action="store_true", help="do not print each row")
     ds.set_defaults(func=run_distill)
 
+    from pipelines.cli import lemma  # `posttrain lemma solve` lives in its own module
+
+    lemma.register(sub)
+
 
 def run_gateway(args: argparse.Namespace) -> int:
     from posttrain.agentic.gateway import serve_gateway

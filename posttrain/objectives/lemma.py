@@ -11,8 +11,16 @@
   injected at the terminal success lemmas and propagated backwards to every lemma they rest on
   (value(u) = max(own, γ·max over dependents)); a round's value is the max over the lemmas it
   produced; rounds that produced no new lemma are masked out of the advantage.
+- Centring (the decision SPEC §D leaves open): r(0, n) = 1/2 for every n, because with no pass the solution's
+  posterior *is* the baseline's and ``P(X > Y)`` of two i.i.d. continuous draws is 1/2. The reward the agent
+  trains on is ``2·r − 1 = P(p_sol > p_base) − P(p_sol < p_base)``: the probability margin by which the
+  solution beats a baseline that fails every check. It is 0 exactly at k = 0 (zero passes earn nothing),
+  increasing and concave in k, and below 1 (n=4: 0, 5/9, 5/6, 20/21, 125/126); one affine map, so the
+  ordering and ratios of differences of r are untouched. Against the raw pass ratio k/n it saturates:
+  3 of 4 (20/21) is worth nearly as much as 4 of 4, so a strong but not unanimous verdict keeps its reward.
 
-Run the tests: ``python -m pytest tests/posttrain/test_lemma.py -q``
+Pure torch/stdlib math, no agent code (``posttrain/objectives``: a torch-only leaf).
+Run the tests: ``python -m pytest tests/posttrain/test_lemma.py tests/posttrain/lemma -q``
 """
 
 from __future__ import annotations
@@ -68,6 +76,24 @@ def conjugate_reward_exact(k: int, n: int) -> Fraction:
 def conjugate_reward(k: int, n: int) -> float:
     """``r(k, n)`` as a float; n=4, k=4 gives 1 − 1/252 ≈ 0.996."""
     return float(conjugate_reward_exact(k, n))
+
+
+@lru_cache(maxsize=256)
+def centred_conjugate_reward_exact(k: int, n: int) -> Fraction:
+    """``2·r(k, n) − 1``: 0 at k = 0, 1 − 2/C(2n+2, n+1) at k = n (n=4: 125/126); see the module docstring."""
+    return 2 * conjugate_reward_exact(k, n) - 1
+
+
+def centred_conjugate_reward(k: int, n: int) -> float:
+    """The reward a verified item earns from k of n passing checks (``2·r − 1``, 0 for no pass)."""
+    return float(centred_conjugate_reward_exact(k, n))
+
+
+def pass_ratio_reward(k: int, n: int) -> float:
+    """The ablation: the raw fraction of passing checks ``k / n``."""
+    if not 0 <= k <= n:
+        raise ValueError(f"need 0 ≤ k ≤ n, got k={k}, n={n}")
+    return k / n
 
 
 def conjugate_rewards(k: Tensor, n: int) -> Tensor:
@@ -155,3 +181,27 @@ class LemmaGraph:
         out = out.scatter_reduce(0, rounds, lemma_values.to(torch.float64), reduce="amax", include_self=False)
         mask = torch.bincount(rounds, minlength=n_rounds) > 0
         return torch.where(mask, out, torch.zeros_like(out)), mask
+
+
+def round_advantages(round_values: Tensor, round_mask: Tensor, final_rewards: Tensor) -> Tensor:
+    """OREAL-H's high-level advantage per round for G rollouts of one question: ``[G, R]``.
+
+    A round's value (graph credit) minus the leave-one-out mean of the *other* rollouts' final rewards (the
+    baseline of the project's Eq 27); masked rounds (no new lemma) and padding get 0. A rollout that failed has
+    value 0 everywhere, so its lemma-producing rounds get −baseline.
+    """
+    g = final_rewards.shape[0]
+    if g < 2:
+        raise ValueError("round advantages need at least 2 rollouts per question")
+    r = final_rewards.to(torch.float64)
+    baseline = (r.sum() - r) / (g - 1)
+    adv = round_values.to(torch.float64) - baseline.unsqueeze(-1)
+    return torch.where(round_mask.bool(), adv, torch.zeros_like(adv))
+
+
+def saturated_questions(solved: Tensor, group_mask: Tensor | None = None) -> Tensor:
+    """``[B, G]`` solved flags → ``[B]`` True where the pass rate is 0 or 1 (S1-MO drops those questions)."""
+    valid = torch.ones_like(solved, dtype=torch.bool) if group_mask is None else group_mask.bool()
+    n = valid.sum(dim=-1)
+    k = (solved.bool() & valid).sum(dim=-1)
+    return (k == 0) | (k == n)

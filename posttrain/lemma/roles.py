@@ -1,0 +1,199 @@
+"""Role calls on a ``RolloutEngine``: the reasoner, summariser, reviser and verifier are prompts to an engine.
+
+``RoleCaller.generate`` takes a batch of ``RolePrompt`` (any mix of roles and problems), submits one ``Request``
+per prompt, steps the engine until every one is back, decodes the text and records a ``Call`` per request: the
+exact prompt ids, generated ids, behaviour logprobs, policy versions and finish reason, so a trainer can later
+rebuild every round's token sequence without re-tokenising. One engine with role prompts plays every role; a
+separate verifier model is just a second ``RoleCaller`` on its own engine.
+
+A ``Codec`` is the text ↔ ids map (``HFCodec`` wraps a Hugging Face tokenizer; ``char_codec`` builds a local
+character tokenizer for scripted engines and tiny models). Prompts longer than ``max_prompt_tokens`` keep their
+head (role and problem) and tail (the request) and drop the middle of the memory, marked ``~``.
+
+    caller = RoleCaller(engine, HFCodec(tokenizer)); calls = caller.generate([RolePrompt("reasoner", text, "p0", 0)])
+"""
+
+from __future__ import annotations
+
+import string
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from posttrain.rollout.engine import RolloutEngine
+from posttrain.rollout.types import Request, SamplingParams
+
+ROLES = ("reasoner", "summariser", "reviser", "verifier")
+
+ROLE_INSTRUCTIONS = {
+    "reasoner": (
+        "You are the reasoner. Work on the problem step by step, building on the lemma memory (accepted lemmas are "
+        "verified; uncertain ones may be wrong). For every intermediate result write a line\n"
+        "DERIVED: <statement> | BECAUSE: <why> | USES: <M ids or none>\n"
+        "When you know the final value, end with\nANSWER: <value>\nUSES: <ids>"
+    ),
+    "summariser": (
+        "You are the summariser. Compress the reasoning round below into candidate lemmas, one block each:\n"
+        "LEMMA: <statement>\nBECAUSE: <short justification>\nUSES: <M ids from memory, L ids of earlier blocks, "
+        "or none>\nEND\nStatements: 'eq: A = B', 'int: A = B', 'int: A divides B', 'int: A is prime', "
+        "'solve x: A = B -> {s1, s2}', 'ineq x in [a, b]: A <= B', 'least t >= a: A >= B -> v'."
+    ),
+    "reviser": (
+        "You are the reviser. Using the lemma memory and the verifier's feedback on earlier answers, give the "
+        "final answer:\nANSWER: <value>\nUSES: <ids>"
+    ),
+    "verifier": (
+        "You are the verifier. Check the claim below carefully and end with exactly one line\n"
+        "VERDICT: VALID\nor\nVERDICT: INVALID"
+    ),
+}
+
+
+class Codec(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]: ...
+
+
+class HFCodec:
+    """A Hugging Face tokenizer as a ``Codec`` (BOS prepended when the tokenizer has one; EOS stops)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        return [bos, *ids] if bos is not None else list(ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        eos = self.tokenizer.eos_token_id
+        return (eos,) if eos is not None else ()
+
+
+def char_codec() -> HFCodec:
+    """A character-level tokenizer over printable ASCII (built locally, no download): ``<pad> <eos> <bos>`` then
+    one id per character; every character is its own token, newlines included."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = "".join(c for c in string.printable if c not in "\x0b\x0c\r")
+    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<bos>", *chars])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
+    return HFCodec(fast)
+
+
+@dataclass
+class RolePrompt:
+    role: str
+    text: str
+    problem_id: str
+    round: int
+    """Round index within the problem (reasoning rounds first, then revision rounds)."""
+    max_tokens: int = 256
+    key: str = ""
+    """Disambiguates several prompts of one role in one round (lemma id, check index)."""
+
+
+@dataclass
+class Call:
+    """One engine call, exactly as sampled (what a trainer needs)."""
+
+    call_id: str
+    role: str
+    problem_id: str
+    round: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str | None
+    text: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RoleCaller:
+    """Drives one engine for batches of role prompts and records every call."""
+
+    engine: RolloutEngine
+    codec: Codec
+    temperature: float = 1.0
+    seed: int = 0
+    max_prompt_tokens: int | None = None
+    max_steps: int = 1_000_000
+    """Safety bound on engine steps per batch."""
+    calls: list[Call] = field(default_factory=list)
+    _n: int = 0
+
+    def render(self, prompt: RolePrompt) -> str:
+        return f"ROLE: {prompt.role}\n{ROLE_INSTRUCTIONS[prompt.role]}\n\n{prompt.text}\n"
+
+    def _ids(self, text: str) -> list[int]:
+        ids = self.codec.encode(text)
+        cap = self.max_prompt_tokens
+        if cap is not None and len(ids) > cap:
+            head = cap // 3
+            mark = self.codec.encode("~")[-1:]
+            ids = ids[:head] + mark + ids[len(ids) - (cap - head - len(mark)) :]
+        return ids
+
+    def generate(self, prompts: Sequence[RolePrompt]) -> list[Call]:
+        """One batched pass over the engine; returns the calls in the order of ``prompts``."""
+        if not prompts:
+            return []
+        reqs: list[Request] = []
+        for p in prompts:
+            if p.role not in ROLE_INSTRUCTIONS:
+                raise ValueError(f"unknown role {p.role!r} (roles: {', '.join(ROLES)})")
+            self._n += 1
+            rid = f"{p.problem_id}/{p.round}/{p.role}/{p.key or 0}/{self._n}"
+            params = SamplingParams(
+                max_new_tokens=p.max_tokens,
+                temperature=self.temperature,
+                seed=zlib.crc32(f"{self.seed}/{rid}".encode()),
+                stop_token_ids=tuple(self.codec.stop_ids),
+            )
+            reqs.append(Request(rid, self._ids(self.render(p)), params, group_id=p.problem_id, meta={"role": p.role}))
+        self.engine.submit(reqs)
+        done: dict[str, Any] = {}
+        steps = 0
+        while len(done) < len(reqs):
+            for t in self.engine.step().finished:
+                done[t.request_id] = t
+            steps += 1
+            if steps > self.max_steps:
+                raise RuntimeError(f"engine did not finish {len(reqs) - len(done)} requests in {steps} steps")
+        out = []
+        for p, r in zip(prompts, reqs):
+            t = done[r.request_id]
+            stop = set(self.codec.stop_ids)
+            gen = t.token_ids[:-1] if t.token_ids and t.token_ids[-1] in stop else t.token_ids
+            call = Call(
+                r.request_id,
+                p.role,
+                p.problem_id,
+                p.round,
+                list(r.prompt_ids),
+                list(t.token_ids),
+                list(t.logprobs),
+                list(t.versions),
+                t.finish_reason,
+                self.codec.decode(gen),
+            )
+            out.append(call)
+        self.calls.extend(out)
+        return out
