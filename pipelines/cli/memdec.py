@@ -1,4 +1,4 @@
-"""``scifolio memdec``: the Memory Decoder stages (posttrain/memdec) with the datastore in sharded Milvus collections
+"""``scifolio posttrain memdec`` (alias: ``scifolio memdec``): the Memory Decoder stages (posttrain/memdec) with the datastore in sharded Milvus collections
 (retrieval/vectors.py; Milvus Lite file by default, a server URI with ``--set store.uri=http://host:19530``).
 
     scifolio memdec prepare --config debug --work-dir out/memdec   # synthetic data + tiny base on general text
@@ -23,12 +23,14 @@ from pipelines.cli.options import add_set, apply_sets
 STAGES = ("prepare", "build-datastore", "train", "train-router", "eval", "all")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction, alias: bool = True) -> None:
+    """``scifolio posttrain memdec`` (the post-training stage) and ``scifolio memdec`` (its documented alias)."""
     from posttrain.memdec.config import RECIPES, MemdecConfig
 
     p = subparsers.add_parser(
         "memdec",
-        help="Memory Decoder: datastore, memory, router, fused decoding, eval",
+        help="Memory Decoder: datastore, memory, router, fused decoding, eval"
+        + (" (alias of `scifolio posttrain memdec`)" if alias else ""),
         description="Memory Decoder stages (SPEC §C9). Run them in order; each reads what the previous wrote.",
     )
     sub = p.add_subparsers(dest="memdec_command", metavar="STAGE", required=True)

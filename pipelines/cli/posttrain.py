@@ -105,6 +105,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     lemma.register(sub)
 
+    from pipelines.cli import memdec
+
+    memdec.register(sub, alias=False)  # `scifolio posttrain memdec` = `scifolio memdec`
+
 
 def run_gateway(args: argparse.Namespace) -> int:
     from posttrain.agentic.gateway import serve_gateway

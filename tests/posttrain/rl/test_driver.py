@@ -286,3 +286,18 @@ def test_bfloat16_engine_with_fp32_learner(tmp_path, one_torch_thread):
     r = rows(tmp_path)
     # bf16 sampling vs fp32 re-scoring: a real, small engine/trainer mismatch at equal weights, measured
     assert 0 < r[-1]["matched_mismatch_abs_max"] < 1.0
+
+
+def test_posttrain_memdec_is_the_memdec_command():
+    import argparse
+
+    from pipelines.cli import memdec, posttrain
+
+    top = argparse.ArgumentParser(prog="scifolio")
+    sub = top.add_subparsers(dest="command")
+    posttrain.register(sub)
+    memdec.register(sub)
+    a = top.parse_args(["posttrain", "memdec", "train", "--work-dir", "w", "--resume"])
+    b = top.parse_args(["memdec", "train", "--work-dir", "w", "--resume"])
+    assert a.func is b.func is memdec.run_memdec
+    assert (a.memdec_command, a.work_dir, a.resume) == (b.memdec_command, b.work_dir, b.resume) == ("train", "w", True)
