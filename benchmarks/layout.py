@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections import defaultdict
@@ -31,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 KINDS = ("figure", "table", "equation")
-ROWS = ("scifolio", "mineru", "pymupdf", "rapid-layout")
+ROWS = ("fused", "rules", "mineru", "pymupdf", "rapid-layout", "yolo")
 
 
 # ---- scoring: the development set's score.py rule, unchanged ------------------------------------------
@@ -62,7 +63,7 @@ def prf(a: int, n: int, p: int) -> tuple[float, float, float]:
     return pr, rc, (2 * pr * rc / (pr + rc) if pr + rc else 0.0)
 
 
-Preds = dict[str, dict[str, list[tuple[str, list[float]]]]]  # pdf name -> page ("0") -> [(kind, bbox)]
+Preds = dict[str, dict[str, list[tuple[str, list[float], float]]]]  # pdf -> page ("0") -> [(kind, bbox, score)]
 
 
 def score(refs: list[dict], preds: Preds, verbose: bool = False) -> dict[str, tuple[int, int, int]]:
@@ -74,7 +75,7 @@ def score(refs: list[dict], preds: Preds, verbose: bool = False) -> dict[str, tu
         for page in set(ref["pages"]) | set(pred):
             for k in KINDS:
                 t = [b["bbox"] for b in ref["pages"].get(page, []) if b["kind"] == k]
-                p = [bb for kk, bb in pred.get(page, []) if kk == k]
+                p = [bb for kk, bb, *_ in pred.get(page, []) if kk == k]
                 h = matches(t, p)
                 tp[k] += h
                 nt[k] += len(t)
@@ -94,16 +95,17 @@ def load_refs(folder: Path) -> list[dict]:
 
 
 # ---- runners: each returns (predictions, pages, seconds) -----------------------------------------------
-def _add(preds: Preds, name: str, page: int, kind: str, bbox) -> None:
+def _add(preds: Preds, name: str, page: int, kind: str, bbox, score: float | None = None) -> None:
     if kind in KINDS:
-        preds.setdefault(name, {}).setdefault(str(page), []).append((kind, [float(x) for x in bbox]))
+        s = 1.0 if score is None else float(score)
+        preds.setdefault(name, {}).setdefault(str(page), []).append((kind, [float(x) for x in bbox], s))
 
 
-def run_scifolio(files: list[Path], draw: Path | None) -> tuple[Preds, int, float]:
+def run_scifolio(files: list[Path], draw: Path | None, layout: str = "fused") -> tuple[Preds, int, float]:
     from formats.records import Page
     from parsing import ParseConfig, Parser
 
-    cfg = ParseConfig()
+    cfg = ParseConfig(layout=layout)
     preds: Preds = {}
     pages = 0
     with Parser() as parser:
@@ -115,7 +117,7 @@ def run_scifolio(files: list[Path], draw: Path | None) -> tuple[Preds, int, floa
                 if isinstance(r, Page):
                     pages += 1
                     for b in r.blocks:
-                        _add(preds, f.name, r.page_index, b.kind, b.bbox)
+                        _add(preds, f.name, r.page_index, b.kind, b.bbox, b.score)
                     if draw is not None:
                         from parsing.visualize import draw_boxes
 
@@ -144,16 +146,92 @@ def _run_backend(name: str, files: list[Path]) -> tuple[Preds, int, float]:
             pages += len(idx)
             for i, parsed in backend.parse(str(f), doc, idx).items():
                 for b in parsed.blocks:
-                    _add(preds, f.name, i, b.kind, b.bbox)
+                    _add(preds, f.name, i, b.kind, b.bbox, b.score)
     return preds, pages, time.perf_counter() - t0
 
 
 RUNNERS = {
-    "scifolio": run_scifolio,
+    "fused": lambda files, draw: run_scifolio(files, draw, "fused"),
+    "rules": lambda files, draw: run_scifolio(files, None, "fast"),
     "mineru": lambda files, draw: _run_backend("mineru", files),
     "pymupdf": lambda files, draw: _run_backend("pymupdf", files),
     "rapid-layout": lambda files, draw: _run_backend("rapidocr", files),
+    "yolo": lambda files, draw: _run_backend("yolo", files),
 }
+
+
+# ---- fusion fitted leave-one-file-out ------------------------------------------------------------------
+FIT_SOURCES = ("rules", "yolo", "pymupdf")
+GRID_WEIGHT = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""Vote weight of the detector (and of PyMuPDF when it takes part) relative to the rules' 1.0."""
+GRID_PYMUPDF = (0.0, 0.5, 1.0)
+GRID_KEEP = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+GRID_BOX = ("best", "mean")
+
+
+def fuse_preds(dumps: dict[str, Preds], sources: tuple[str, ...], params, files: list[str]) -> Preds:
+    """Fused predictions for ``files`` from the rows' dumped boxes (``rules`` = the parser with --layout fast)."""
+    from parsing.fusion import Proposal, fuse
+
+    out: Preds = {}
+    for name in files:
+        pages = set().union(*(dumps[s].get(name, {}).keys() for s in sources))
+        for page in pages:
+            props = [Proposal(s, k, tuple(b), sc) for s in sources for k, b, sc in dumps[s].get(name, {}).get(page, [])]
+            for f in fuse(props, params, sources):
+                _add(out, name, int(page), f.kind, f.bbox, f.confidence)
+    return out
+
+
+def fit(refs: list[dict], dumps: dict[str, Preds], sources: tuple[str, ...]):
+    """Per kind, the grid point with the best F1 of that kind on ``refs`` (ties: nearest to the prior
+    ``parsing.fusion.DEFAULT``: weight 1, keep 0.4, box "best"; then the first in grid order)."""
+    from parsing.fusion import DEFAULT_KEEP, FusionParams, KindParams
+
+    files = [r["pdf"] for r in refs]
+    chosen = {}
+    for kind in KINDS:
+        best = None
+        for wy in GRID_WEIGHT:
+            for wp in GRID_PYMUPDF if "pymupdf" in sources else (0.0,):
+                for box in GRID_BOX:
+                    weights = {"rules": 1.0, "yolo": wy, "pymupdf": wp}
+                    # one fusion per (weights, box) at keep 0: then every keep threshold is a filter
+                    kp0 = KindParams(weights={k: v for k, v in weights.items() if k in sources}, keep=0.0, box=box)
+                    fused = fuse_preds(dumps, sources, FusionParams({kind: kp0}), files)
+                    for keep in GRID_KEEP:
+                        kept = {
+                            n: {pg: [x for x in bs if x[2] >= keep] for pg, bs in pages.items()}
+                            for n, pages in fused.items()
+                        }
+                        a, t, p = score(refs, kept)[kind]
+                        f1 = prf(a, t, p)[2]
+                        dist = abs(math.log(wy)) + wp + abs(keep - DEFAULT_KEEP) + (box != "best")
+                        key = (f1, -dist)
+                        if best is None or key > best[0]:
+                            best = (key, KindParams(weights=kp0.weights, keep=keep, box=box))
+        chosen[kind] = best[1]
+    return FusionParams(chosen)
+
+
+def lofo(refs: list[dict], dumps: dict[str, Preds], sources: tuple[str, ...]) -> tuple[Preds, dict[str, object]]:
+    """Each file's fused boxes from parameters fitted on the other files only; and those parameters."""
+    preds: Preds = {}
+    per_file = {}
+    for held in refs:
+        train = [r for r in refs if r is not held]
+        params = fit(train, dumps, sources)
+        per_file[held["pdf"]] = params
+        preds.update(fuse_preds(dumps, sources, params, [held["pdf"]]))
+    return preds, per_file
+
+
+def describe(params) -> str:
+    parts = []
+    for k, kp in params.kinds.items():
+        w = ",".join(f"{s}={v:g}" for s, v in kp.weights.items() if v)
+        parts.append(f"{k}: {w} keep={kp.keep:g} box={kp.box}")
+    return "; ".join(parts)
 
 
 def table(results: dict[str, tuple[dict[str, tuple[int, int, int]], int, float]]) -> str:
@@ -178,6 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="per-file matched counts")
     ap.add_argument("--draw", type=Path, default=None, help="write scifolio's pages with boxes drawn here")
     ap.add_argument("--dump", type=Path, default=None, help="write every row's predicted boxes to this JSON file")
+    ap.add_argument(
+        "--load", type=Path, default=None, help="reuse the boxes of a --dump file for the rows it holds (no parsing)"
+    )
+    ap.add_argument(
+        "--fit",
+        action="store_true",
+        help="fit the fusion leave-one-file-out from the rules/yolo(/pymupdf) rows and report it; print the fit on "
+        "all files (what parsing/fusion.py's FITTED holds)",
+    )
     args = ap.parse_args(argv)
     if not (args.folder / "truth").is_dir():
         print(f"skip: {args.folder}/truth not found (the development set is not part of the repository)")
@@ -188,14 +275,31 @@ def main(argv: list[str] | None = None) -> int:
     files = [f for f in files if f.name in wanted]
     results = {}
     dumped = {}
+    loaded = json.loads(args.load.read_text()) if args.load else {}
     for name in args.only.split(","):
-        preds, pages, secs = RUNNERS[name](files, args.draw)
-        dumped[name] = preds
+        if name in loaded:
+            preds, pages, secs = loaded[name]["preds"], loaded[name]["pages"], loaded[name]["secs"]
+        else:
+            preds, pages, secs = RUNNERS[name](files, args.draw)
+        dumped[name] = {"preds": preds, "pages": pages, "secs": secs}
         if args.verbose:
             print(f"  {name}:")
         results[name] = (score(refs, preds, args.verbose), pages, secs)
     if args.dump is not None:
         args.dump.write_text(json.dumps(dumped))
+    if args.fit:
+        rows = {n: d["preds"] for n, d in dumped.items()}
+        for sources in (("rules", "yolo"), ("rules", "yolo", "pymupdf")):
+            if not all(s in rows for s in sources):
+                continue
+            name = "LOFO " + "+".join(sources)
+            preds, per_file = lofo(refs, rows, sources)
+            # pages/s of a fused parser: the sum of its parts' seconds (they run one after the other)
+            secs = sum(dumped[s]["secs"] for s in sources)
+            results[name] = (score(refs, preds, args.verbose), dumped["rules"]["pages"], secs)
+            for held, params in per_file.items():
+                print(f"  {name}, fitted without {held}: {describe(params)}")
+            print(f"  {'+'.join(sources)} fitted on all files: {describe(fit(refs, rows, sources))}")
     print(f"{len(files)} PDFs, {results[next(iter(results))][1]} pages, IoU >= 0.5")
     print(table(results))
     return 0

@@ -85,6 +85,9 @@ class Block:
     crop: Crop | None = None
     caption_of: int | None = None
     score: float | None = None
+    proposed_by: str | None = None
+    """The layout source(s) whose box this is, ``+``-joined, the one whose box was kept first (e.g.
+    ``rules+yolo``); None when one backend parsed the page alone."""
 
     def __post_init__(self) -> None:
         if self.kind not in BLOCK_KINDS:
@@ -102,6 +105,7 @@ class Block:
             "crop": self.crop.to_row() if self.crop is not None else None,
             "caption_of": self.caption_of,
             "score": self.score,
+            "proposed_by": self.proposed_by,
         }
 
     @classmethod
@@ -117,6 +121,7 @@ class Block:
             crop=Crop.from_row(crop) if crop else None,
             caption_of=row.get("caption_of"),
             score=row.get("score"),
+            proposed_by=row.get("proposed_by"),
         )
 
 
