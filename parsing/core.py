@@ -245,10 +245,10 @@ def _finish_page(page: pymupdf.Page, document: Document, parsed: ParsedPage, con
     # is what ``page.get_pixmap`` does on each call, so the pixels are the same and the page is read once.
     dl = page.get_displaylist()
     blocks = with_order(refine_blocks(page, parsed.blocks, dl))
-    parser = parsed.parser
+    # Page.parser stays the main backend's label (consumers key on it); which source proposed a fused box is
+    # on the block (Block.proposed_by).
     if parsed.voters:
         blocks = with_order(fused_blocks(page, blocks, parsed.proposals, parsed.voters))
-        parser = "+".join((parser, *parsed.voters))
     blocks = crop_blocks(page, blocks, config, dl)
     render = None
     if config.page_render_dpi:
@@ -259,7 +259,7 @@ def _finish_page(page: pymupdf.Page, document: Document, parsed: ParsedPage, con
         width=page.rect.width,
         height=page.rect.height,
         blocks=tuple(blocks),
-        parser=parser,
+        parser=parsed.parser,
         source=document.source,
         render=render,
     )

@@ -156,7 +156,10 @@ def fuse_blocks(
             out[mine[0].ref] = dataclasses.replace(b, bbox=f.bbox, proposed_by=tag)
             continue
         text = text_at(f.bbox) if f.kind != "figure" else ""
-        new.append(Block(f.kind, f.bbox, text=text, reading_order=order, score=f.confidence, proposed_by=tag))
+        math = "text-layer-math" if f.kind == "equation" and text else None  # glyphs as drawn, not LaTeX
+        new.append(
+            Block(f.kind, f.bbox, text=text, reading_order=order, score=f.confidence, proposed_by=tag, text_from=math)
+        )
         order -= 1
     result = [b for b in out if b is not None]
     for v in new:

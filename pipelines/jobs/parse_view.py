@@ -38,6 +38,7 @@ BLOCKS_SCHEMA = pa.schema(
         ("caption_of", pa.int32()),
         ("backend", pa.string()),
         ("proposed_by", pa.string()),
+        ("text_from", pa.string()),
     ]
 )
 
@@ -61,6 +62,7 @@ def page_rows(page: Page) -> list[dict[str, Any]]:
             "caption_of": b.caption_of,
             "backend": page.parser,
             "proposed_by": b.proposed_by,
+            "text_from": b.text_from,
         }
         for b in page.blocks
     ]
