@@ -49,6 +49,11 @@ def bare_mineru(paths: list[Path]) -> float:
     return time.perf_counter() - t0
 
 
+LAYOUT = "fast"
+"""``--layout`` of the measured builds: ``fast`` (MinerU and the rules alone: the like-for-like comparison with
+the bare MinerU loop, target >= 0.8x) unless ``--layout fused`` is given."""
+
+
 def build(paths_dir: Path, tokenizer: str, workers: int | None, lanes: int = 1) -> tuple[float, int]:
     """One build from an empty output directory; ``workers=None`` takes ``scifolio build``'s local default.
     Returns (seconds, Beam workers used)."""
@@ -59,7 +64,7 @@ def build(paths_dir: Path, tokenizer: str, workers: int | None, lanes: int = 1) 
 
     out = Path(tempfile.mkdtemp(prefix="bench-build-"))
     try:
-        parse = ParseConfig(backend="mineru", tier="flash", backend_lanes=lanes)
+        parse = ParseConfig(backend="mineru", tier="flash", backend_lanes=lanes, layout=LAYOUT)
         config = BuildConfig(tokenizer=tokenizer, parse=parse)
         if workers is None:
             beam_args = local_beam_args(config)
@@ -82,7 +87,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("pdf_dir", nargs="?", default=str(ROOT.parent / "shared" / "samples"))
     ap.add_argument("--tokenizer", default=None, help="tokenizer path (default: a freshly trained tiny one)")
+    ap.add_argument("--layout", default="fast", choices=["fast", "fused"], help="the builds' --layout (default fast)")
     args = ap.parse_args()
+    global LAYOUT
+    LAYOUT = args.layout
     os.environ.setdefault("MINERU_HOME", str(ROOT / ".cache" / "mineru"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

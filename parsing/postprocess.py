@@ -223,6 +223,11 @@ class _Replaced(dict):
         self.alive.append(old)
 
 
+TEXT_LAYER_MATH = "text-layer-math"
+"""``Block.text_from`` of an equation whose text is the text layer's glyphs (no offline formula-to-LaTeX model
+with licensed weights exists on PyPI; the crop stays the equation's picture)."""
+
+
 def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayList | None = None) -> list[Block]:
     """Fix the systematic box problems listed in the module docstring.
 
@@ -302,7 +307,8 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayLi
         if b.kind in ("equation", "table") and not b.text.strip():
             text = page.get_text("text", clip=pymupdf.Rect(b.bbox)).strip()
             if text:
-                old, b = b, dataclasses.replace(b, text=text)
+                math = TEXT_LAYER_MATH if b.kind == "equation" else None
+                old, b = b, dataclasses.replace(b, text=text, text_from=math)
                 replaced.put(old, [b])
         out.append(b)
     out = [b for b in out if not rules.is_furniture(b, out, info)]

@@ -3,7 +3,8 @@
     python -m parsing.visualize paper.pdf --out /tmp/boxes [--backend pymupdf] [--dpi 72]
 
 writes ``/tmp/boxes/<stem>_p<page>.png`` with figures red, tables green, equations blue, captions orange,
-titles purple, other blocks grey; each box is labelled ``<reading order><kind>[><caption_of>]``.
+titles purple, other blocks grey; each box is labelled ``<reading order><kind>[><caption_of>]``, and with the fused layout ``[sources]``: the
+backends that proposed it, the one whose box was kept first (``rules`` = MinerU + layout rules, ``yolo``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def draw_boxes(pdf_bytes: bytes, page: Page, dpi: int = 72) -> bytes:
         colour = COLOURS.get(b.kind, (0.55, 0.55, 0.55))
         p.draw_rect(pymupdf.Rect(b.bbox), color=colour, width=1.5 if b.kind in COLOURS else 0.5)
         label = f"{b.reading_order}{b.kind[:3]}" + (f">{b.caption_of}" if b.caption_of is not None else "")
+        if b.proposed_by:  # the fused layout: which sources proposed the box, the kept box's first
+            label += f" [{b.proposed_by}]"
         p.insert_text((b.bbox[0] + 1, b.bbox[1] + 6), label, fontsize=6, color=colour)
     return p.get_pixmap(dpi=dpi).tobytes("png")
 
@@ -46,10 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("pdf", nargs="+", help="PDF files to parse and draw")
     ap.add_argument("--out", required=True, type=Path, help="output directory for the PNGs")
     ap.add_argument("--backend", default="mineru", choices=["mineru", "pymupdf"])
+    ap.add_argument("--layout", default="fused", choices=["fused", "fast"])
     ap.add_argument("--dpi", type=int, default=72, help="render resolution of the drawn pages")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    cfg = ParseConfig(backend=args.backend)
+    cfg = ParseConfig(backend=args.backend, layout=args.layout)
     for path in args.pdf:
         data = Path(path).read_bytes()
         for rec in iter_parse(data, path, cfg):

@@ -108,6 +108,8 @@ def run_job(job: dict[str, Any], backends: Any, send: Any, helpers: Any = None) 
     # Loading the backend (a restarted worker does it here) is start-up, not the document's time: the parent's
     # page and open timeouts start counting at "ready".
     backends.get(config.backend, config.tier)
+    if config.layout == "fused":
+        backends.get("yolo")
     if helpers is not None:
         helpers.wait_ready()
     send(("ready", None))
@@ -310,6 +312,8 @@ def warm(config: Any, backends: Any, helpers: Any) -> None:
     loads its tokenizer). Failures are left for the first job to report."""
     try:
         backend = backends.get(config.backend, config.tier)
+        if config.layout == "fused":
+            backends.get("yolo")
         if hasattr(backend, "warm"):
             backend.warm()
         helpers.warm()

@@ -25,6 +25,13 @@ def _add_parse_options(p: argparse.ArgumentParser) -> None:
         help=f"layout backend (default: {d('backend')}; scanned pages fall back to rapid-layout + RapidOCR)",
     )
     g.add_argument(
+        "--layout",
+        choices=["fused", "fast"],
+        default=d("layout"),
+        help=f"fused: the backend's boxes (after the layout rules) fused with the DocLayNet YOLO detector's, "
+        f"which also covers scans; fast: the backend alone (default: {d('layout')})",
+    )
+    g.add_argument(
         "--tier",
         default=d("tier"),
         choices=["flash", "basic", "standard"],
@@ -59,6 +66,7 @@ def _parse_config(args: argparse.Namespace, page_render_dpi: int | None = None):
     try:
         return ParseConfig(
             backend=args.backend,
+            layout=args.layout,
             tier=args.tier,
             dpi=args.dpi,
             ocr_fallback=not args.no_ocr,

@@ -38,6 +38,8 @@ BLOCKS_SCHEMA = pa.schema(
         ("crop_sha256", pa.string()),
         ("caption_of", pa.int32()),
         ("backend", pa.string()),
+        ("proposed_by", pa.string()),
+        ("text_from", pa.string()),
     ]
 )
 
@@ -60,6 +62,8 @@ def page_rows(page: Page) -> list[dict[str, Any]]:
             "crop_sha256": b.crop.sha256 if b.crop else None,
             "caption_of": b.caption_of,
             "backend": page.parser,
+            "proposed_by": b.proposed_by,
+            "text_from": b.text_from,
         }
         for b in page.blocks
     ]
@@ -79,7 +83,8 @@ def write_view_index(view_dir: Path, pages: list[tuple[str, int, str]]) -> Path:
     parts = [
         "<!doctype html><meta charset=utf-8><title>scifolio parse: boxes</title>",
         "<style>body{font-family:sans-serif}img{border:1px solid #ccc;margin:4px;max-width:48%}</style>",
-        f"<p>Each box is labelled &lt;reading order&gt;&lt;kind&gt;[&gt;&lt;caption of&gt;]. {legend} "
+        f"<p>Each box is labelled &lt;reading order&gt;&lt;kind&gt;[&gt;&lt;caption of&gt;] [sources that proposed it, "
+        f"the kept box's first]. {legend} "
         '<span style="color:grey">&#9632; other kinds</span></p>',
     ]
     current = None

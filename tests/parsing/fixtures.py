@@ -146,3 +146,49 @@ def huge_page_pdf() -> bytes:
 
 
 GARBAGE = b"\x89PNG\r\n\x1a\n this is not a pdf at all " * 20
+
+
+def _grid_table(page, x0: float, y0: float, cols: int, rows: int, col_w: float, row_h: float, size: float) -> tuple:
+    """A ruled table of text cells (a head row, then numbers); returns its box."""
+    for r in range(rows):
+        for c in range(cols):
+            cell = f"Col {c + 1}" if r == 0 else (f"Row {r}" if c == 0 else f"{(r * 7 + c * 3) % 97}.{r + c}")
+            page.insert_text(
+                (x0 + c * col_w + 5, y0 + r * row_h + row_h * 0.7),
+                cell,
+                fontsize=size,
+                fontname="tibo" if r == 0 else "tiro",
+            )
+    for r in range(rows + 1):
+        page.draw_line(
+            (x0, y0 + r * row_h), (x0 + cols * col_w, y0 + r * row_h), width=0.8 if r in (0, 1, rows) else 0.4
+        )
+    for c in range(cols + 1):
+        page.draw_line((x0 + c * col_w, y0), (x0 + c * col_w, y0 + rows * row_h), width=0.4)
+    return (x0, y0, x0 + cols * col_w, y0 + rows * row_h)
+
+
+@functools.cache
+def image_only_table_pdf() -> tuple[bytes, tuple]:
+    """One image-only page (no text layer) whose only object is a ruled table: (pdf, table box in points)."""
+    import pymupdf
+
+    src = pymupdf.open()
+    page = src.new_page(width=612, height=792)
+    box = _grid_table(page, 96, 200, 5, 12, 84, 22, 10)
+    png = page.get_pixmap(dpi=150, colorspace=pymupdf.csGRAY).tobytes("png")
+    doc = pymupdf.open()
+    doc.new_page(width=612, height=792).insert_image(pymupdf.Rect(0, 0, 612, 792), stream=png)
+    return doc.tobytes(), box
+
+
+@functools.cache
+def landscape_table_pdf() -> tuple[bytes, tuple]:
+    """One landscape page that is one big vector table (text cells and drawn rules): (pdf, table box)."""
+    import pymupdf
+
+    doc = pymupdf.open()
+    page = doc.new_page(width=792, height=612)
+    page.insert_text((60, 50), "Table 3: Measurements per site and season.", fontsize=10, fontname="tiro")
+    box = _grid_table(page, 60, 66, 8, 20, 84, 24, 9)
+    return doc.tobytes(), box
