@@ -10,17 +10,20 @@ every rank's data cursor and RNG states, so ``--resume`` continues the exact sam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from formats import fs
 from pretrain.args import build_parser, config_from_args
 from pretrain.config import OptimConfig, TrainConfig, deepspeed_config
 from pretrain.data import ShardLoader, model_inputs, n_text_tokens
@@ -28,13 +31,17 @@ from pretrain.model import VisualPretrainModel
 from pretrain.objective import warmup_cosine
 
 
-def train(cfg: TrainConfig, resume: bool = False) -> list[dict[str, Any]]:
-    """Run to ``cfg.max_steps`` optimizer steps; returns the metrics records (rank 0 writes them too)."""
+def train(cfg: TrainConfig, resume: bool = False, on_end: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
+    """Run to ``cfg.max_steps`` optimizer steps; returns the metrics records (rank 0 writes them too).
+
+    ``on_end(engine)`` runs on every rank after the last checkpoint (the export test reads the engine's logits)."""
     prepare_env()
     import deepspeed
     import torch.distributed as dist
 
     rank, world = init_distributed()
+    if rank == 0:  # what `pretrain export` reads to rebuild the backbone around the checkpoint's weights
+        fs.write_text(Path(cfg.out_dir) / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
     model = VisualPretrainModel.load(cfg.model, cfg.objective, patch=cfg.data.patch, seed=cfg.seed)
     params = model.trainable_parameters()  # E_v is frozen: never handed to the optimizer
     optimizer = make_optimizer(params, cfg.optim)
@@ -104,6 +111,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> list[dict[str, Any]]:
             engine.save_checkpoint(
                 str(ckpt_dir), tag=f"step{step}", client_state=client, exclude_frozen_parameters=True
             )
+    if on_end is not None:
+        on_end(engine)
     log.close()
     return log.records
 
