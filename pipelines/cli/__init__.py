@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 # One module per subcommand, in --help order; each exposes register(subparsers) and sets ``func``. A module
 # listed here that cannot be imported is an error, never silently skipped.
-COMMANDS = ("build", "parse", "report", "models", "review", "index", "pretrain", "posttrain", "memdec")
+COMMANDS = ("build", "parse", "report", "models", "review", "index", "pretrain", "posttrain", "memdec", "eval")
 
 
 def build_parser() -> argparse.ArgumentParser:
