@@ -12,6 +12,8 @@ message's tokens by rendering the conversation one message at a time.
 from __future__ import annotations
 
 ROLES = ("system", "user", "assistant", "tool")
+TURN_END = "<|im_end|>"
+"""Ends every message; text, not a special token, so an evaluator stops a chat response on this string."""
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"

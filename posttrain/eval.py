@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from formats.chat import TURN_END
 from posttrain.rollout.types import FINISH_STOP, Request, SamplingParams
 
 Check = Callable[[str, dict[str, Any], bool], bool]
@@ -209,6 +210,8 @@ def sample(
             ids = traj.token_ids[:-1] if stopped else traj.token_ids
             text = tokenizer.decode(ids, skip_special_tokens=True)
             row = by_id[traj.request.group_id]
+            if "messages" in row and TURN_END in text:  # formats.chat's template ends turns with text, not EOS
+                text, stopped = text.split(TURN_END, 1)[0], True
             results[traj.request.group_id].samples.append(Sample(text, stopped, bool(task.check(text, row, stopped))))
         left -= len(out.finished)
         if progress is not None and out.finished:
