@@ -192,3 +192,22 @@ def test_cli_perplexity_on_shards(tmp_path: Path, capsys, one_torch_thread) -> N
     assert res["tokens"] == count and res["chunks"] == 4
     assert res["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-4)
     assert 1 < res["perplexity"] < 200  # a random 64-token model: near its vocabulary size
+
+
+def test_chat_response_stops_at_the_templates_turn_end() -> None:
+    from formats.chat import CHAT_TEMPLATE
+    from posttrain.rl.task import char_tokenizer
+
+    tok = char_tokenizer("0123456789:<|>_imendrsaty\n ")
+    tok.chat_template = CHAT_TEMPLATE
+    rows = [{"id": "c0", "messages": [{"role": "user", "content": "1:"}], "answer": "12"}]
+
+    class NoEos(CoinPolicy):  # the right answer, the turn end as text, then chatter until the budget runs out
+        def submit(self, requests) -> None:
+            for r in requests:
+                ids = self.tok("12<|im_end|>\n<|im_start|>user 99", add_special_tokens=False)["input_ids"]
+                self.queue.append((Trajectory(request=r), ids))
+
+    out = evaluate(lambda: NoEos(tok, {}, {}), tok, EvalTask(rows, exact, 24), 2, [1], progress=False)
+    samples = out["runs"][0]["problems"][0]["samples"]
+    assert [s["text"] for s in samples] == ["12", "12"] and out["pass@1"] == 1.0
