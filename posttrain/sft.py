@@ -69,6 +69,8 @@ class SFTConfig:
     """AdamW learning rate after warmup."""
     warmup_steps: int = 0
     """Linear warmup from 0 over this many steps."""
+    min_lr_ratio: float = 1.0
+    """After warmup the rate falls linearly to this fraction of ``lr`` at ``steps`` (1 = constant)."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
     grad_clip: float = 1.0
@@ -87,7 +89,8 @@ class SFTConfig:
 
 def debug(**overrides: Any) -> SFTConfig:
     """Tiny models in tests and smoke runs: short rows, a high learning rate, a few dozen steps."""
-    return with_overrides(SFTConfig(seq_len=256, max_len=256, micro_batch=4, steps=60, lr=3e-3), overrides)
+    cfg = SFTConfig(seq_len=512, max_len=512, micro_batch=2, steps=60, lr=1e-2, min_lr_ratio=0.1)
+    return with_overrides(cfg, overrides)
 
 
 def small(**overrides: Any) -> SFTConfig:
@@ -367,6 +370,14 @@ def deepspeed_config(cfg: SFTConfig, world: int) -> dict[str, Any]:
     }
 
 
+def lr_factor(cfg: SFTConfig, step: int) -> float:
+    """Multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): linear warmup, then linear decay."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    span = max(cfg.steps - cfg.warmup_steps, 1)
+    return 1.0 - (1.0 - cfg.min_lr_ratio) * min(1.0, (step - cfg.warmup_steps) / span)
+
+
 def train(
     cfg: SFTConfig,
     out: str | Path,
@@ -398,8 +409,7 @@ def train(
     model.config.use_cache = False
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    warm = max(cfg.warmup_steps, 0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=schedule,
         config=deepspeed_config(cfg, world),

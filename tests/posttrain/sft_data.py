@@ -1,5 +1,6 @@
 """Chat rows for the SFT tests: system, user, assistant and tool messages with OpenAI-shaped tool calls, whose
-assistant answers are a fixed function of the row (so a model can memorise them)."""
+assistant answers are a fixed function of what the row shows (a sum from an 8-entry table, a word to repeat), so a
+tiny model memorises 32 of them in a few dozen steps."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ WORDS = ("alpha", "beta", "gamma", "delta", "omega", "sigma", "theta", "kappa")
 def chat_rows(n: int = 32) -> list[dict[str, Any]]:
     rows = []
     for i in range(n):
-        a, b = i % 7 + 1, i // 7 + 2
+        a, b = i % 4 + 1, i // 16 + 1  # an 8-entry sum table, each entry in 4 rows
         word = WORDS[i % len(WORDS)]
+        tool = " with the tool" if i % 4 == 0 else ""
         msgs: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a terse lab assistant."},
-            {"role": "user", "content": f"Sample {i}: add {a} and {b}."},
+            {"role": "user", "content": f"Sample {i}: add {a} and {b}{tool}, then say {word}."},
         ]
-        if i % 4 == 0:  # a tool round trip: the call and the final answer are trained, the tool's reply is not
+        if tool:  # a tool round trip: the call and the final answer are trained, the tool's reply is not
             args = json.dumps({"a": a, "b": b})
             msgs.append(
                 {"role": "assistant", "content": None, "tool_calls": [

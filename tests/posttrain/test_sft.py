@@ -44,7 +44,7 @@ def test_only_assistant_text_is_labelled(tok) -> None:
     assert tok.decode(ex.ids) == tok.apply_chat_template(row["messages"], tokenize=False)
     trained = _trained_text(ex, tok)
     assert trained == (
-        '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}</tool_call><|im_end|>\n3 alpha<|im_end|>\n'
+        '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 1}"}</tool_call><|im_end|>\n2 alpha<|im_end|>\n'
     )
     for context in ("terse lab assistant", "Sample 0", "<|im_start|>tool", "<|im_start|>assistant"):
         assert context not in trained and context in tok.decode(ex.ids)
@@ -178,10 +178,10 @@ def test_sft_memorises_32_rows_and_only_assistant_tokens_get_gradient(lm, tok, t
     data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(32))
     out = tmp_path / "run"
     argv = ["posttrain", "sft", "--config", "debug", "--model", str(lm), "--data", str(data), "--out", str(out)]
-    assert main([*argv, "--set", "steps=120", "--set", "tensorboard=false", "--no-progress"]) == 0
+    assert main([*argv, "--set", "steps=200", "--set", "tensorboard=false", "--no-progress"]) == 0
     assert "policy at" in capsys.readouterr().out
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 121))
+    assert [r["step"] for r in rows] == list(range(1, 201))
     # measured afresh on the saved policy, over every row: assistant-token loss
     before, after = _assistant_loss(lm, data, tok), _assistant_loss(out / "policy", data, tok)
     assert after < 0.05 < before
@@ -196,15 +196,16 @@ def test_sft_memorises_32_rows_and_only_assistant_tokens_get_gradient(lm, tok, t
     # and those untrained positions are exactly the system/user/tool/template tokens (plus padding)
     nxt = torch.cat([batch["input_ids"][0, 1:], torch.tensor([0])])
     text_untrained = tok.decode(nxt[~trained].tolist())
-    assert "terse lab assistant" in text_untrained and "add 1 and 2" in text_untrained
+    assert "terse lab assistant" in text_untrained and "add 2 and 1" in text_untrained
 
 
 @pytest.mark.slow
 def test_sft_resume_continues_the_same_run(lm, tmp_path) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(8))
-    straight = _train(lm, data, tmp_path / "a", steps=4)
-    _train(lm, data, tmp_path / "b", steps=2)
-    resumed = _train(lm, data, tmp_path / "b", resume=True, steps=4)
+    # a constant rate: the decay's length is `steps`, which the stopped run (2) and the straight one (4) differ in
+    straight = _train(lm, data, tmp_path / "a", steps=4, min_lr_ratio=1.0)
+    _train(lm, data, tmp_path / "b", steps=2, min_lr_ratio=1.0)
+    resumed = _train(lm, data, tmp_path / "b", resume=True, steps=4, min_lr_ratio=1.0)
     assert [r["step"] for r in resumed] == [3, 4]
     for want, got in zip(straight[2:], resumed):
         assert got["loss"] == pytest.approx(want["loss"], abs=1e-5)
