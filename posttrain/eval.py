@@ -170,7 +170,9 @@ class ProblemResult:
 def prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:
     """A chat row goes through the tokenizer's chat template; a plain prompt is ``bos + prompt`` (as RL feeds it)."""
     if "messages" in row:
-        return list(tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True))
+        # rendered as text, then tokenised without specials: the same ids SFT trained the context on
+        text = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
     ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
     return [tokenizer.bos_token_id, *ids] if tokenizer.bos_token_id is not None else ids
 
