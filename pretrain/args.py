@@ -12,15 +12,20 @@ from formats.overrides import parse_sets, with_overrides
 from pretrain.config import RECIPES, TrainConfig
 
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Arguments shared by ``python -m pretrain.train`` and ``scifolio pretrain``."""
+def build_parser(
+    parser: argparse.ArgumentParser | None = None, shards_required: bool = True
+) -> argparse.ArgumentParser:
+    """Arguments shared by ``python -m pretrain.train`` and ``scifolio pretrain`` (whose ``export`` subcommand
+    takes no shards, so it checks ``--shards`` itself)."""
     p = parser or argparse.ArgumentParser(
         prog="pretrain.train",
         description="Pre-train with L_text + L_VP (one process; `scifolio pretrain` launches many).",
     )
     p.add_argument("--config", default="debug", choices=sorted(RECIPES), help="named recipe (pretrain/config.py)")
     p.add_argument(
-        "--shards", required=True, help="build output directory (`scifolio build --out`; local or fsspec URL)"
+        "--shards",
+        required=shards_required,
+        help="build output directory (`scifolio build --out`; local or fsspec URL)",
     )
     p.add_argument("--models", default="tiny", help="directory the debug recipe loads pretrain-lm/-vision from")
     p.add_argument("--out", default=None, help="output dir: ckpt/, metrics.jsonl, tb/ (default: out/pretrain)")

@@ -10,10 +10,12 @@ every rank's data cursor and RNG states, so ``--resume`` continues the exact sam
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,10 @@ from pretrain.model import VisualPretrainModel
 from pretrain.objective import warmup_cosine
 
 
-def train(cfg: TrainConfig, resume: bool = False) -> list[dict[str, Any]]:
-    """Run to ``cfg.max_steps`` optimizer steps; returns the metrics records (rank 0 writes them too)."""
+def train(cfg: TrainConfig, resume: bool = False, on_end: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
+    """Run to ``cfg.max_steps`` optimizer steps; returns the metrics records (rank 0 writes them too).
+
+    ``on_end(engine)`` runs on every rank after the last checkpoint (the export test reads the engine's logits)."""
     prepare_env()
     import deepspeed
     import torch.distributed as dist
@@ -104,6 +108,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> list[dict[str, Any]]:
             engine.save_checkpoint(
                 str(ckpt_dir), tag=f"step{step}", client_state=client, exclude_frozen_parameters=True
             )
+    if on_end is not None:
+        on_end(engine)
     log.close()
     return log.records
 
@@ -181,7 +187,7 @@ class MetricsLogger:
         self.run = RunDir(cfg.out_dir, resume=resume, tensorboard=cfg.tensorboard, rank=rank, checkpoint="ckpt/latest")
         if resume:
             self.run.trim(step)
-        self.run.write_config({"train": _jsonable(cfg)})
+        self.run.write_config(dataclasses.asdict(cfg))  # what `pretrain export` reads to rebuild the backbone
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -199,12 +205,6 @@ class MetricsLogger:
 
     def close(self) -> None:
         self.run.close()
-
-
-def _jsonable(cfg: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
 
 
 def _float(x: Any) -> float | None:

@@ -20,7 +20,19 @@ from collections.abc import Sequence
 
 # One module per subcommand, in --help order; each exposes register(subparsers) and sets ``func``. A module
 # listed here that cannot be imported is an error, never silently skipped.
-COMMANDS = ("build", "parse", "report", "models", "review", "index", "pretrain", "posttrain", "memdec", "timeseries")
+COMMANDS = (
+    "build",
+    "parse",
+    "report",
+    "models",
+    "review",
+    "index",
+    "pretrain",
+    "posttrain",
+    "memdec",
+    "timeseries",
+    "eval",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@
     scifolio posttrain rl --config debug --out runs/rl --ray local --speculative   # draft synced to the Ray workers
     scifolio posttrain rl --config small --out runs/rl --set policy.path=/models/qwen --set task.jsonl=train.jsonl
     scifolio posttrain distill --config debug --out runs/opd                  # two-teacher on-policy distillation
+    scifolio posttrain sft --config debug --model models/base --data chats.jsonl --out runs/sft   # SFT → policy/
 
     scifolio posttrain gateway --model tiny/posttrain-student --port 8000   # OpenAI/Anthropic APIs over the engine
     scifolio posttrain agentic --config debug --out runs/agentic            # harness x task rollouts + learner steps
@@ -25,6 +26,7 @@ import argparse
 import json
 import sys
 
+from pipelines.cli import sft
 from pipelines.cli.options import add_set, apply_sets
 
 
@@ -108,6 +110,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from pipelines.cli import memdec
 
     memdec.register(sub, alias=False)  # `scifolio posttrain memdec` = `scifolio memdec`
+
+    sft.add_parser(sub)  # `posttrain sft`: its flags and dispatch live in pipelines/cli/sft.py
 
 
 def run_gateway(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
     scifolio pretrain --config debug --shards out --models tiny --max-steps 50
     scifolio pretrain --config debug --shards out --nproc 2            # world size 2 (CPU: gloo)
     scifolio pretrain --config small --shards gs://bucket/shards --hostfile infra/deepspeed/hostfile
+    scifolio pretrain export runs/pretrain --out models/base       # latest complete checkpoint → HF model dir
 
 On a machine without a GPU the ranks run on CPU (``DS_ACCELERATOR=cpu``, gloo). Ranks rendezvous over TCP at
 127.0.0.1 (multi-node: the hostfile's first host); c10d's store listens on every interface, so on a shared host
@@ -27,12 +28,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="DeepSpeed pre-training: text loss + contrastive next-patch loss on page renders",
         description="Launch pretrain.train on N local ranks (or a hostfile's nodes) with the deepspeed launcher.",
     )
-    build_parser(p)
+    build_parser(p, shards_required=False)  # `pretrain export RUN` needs no shards; a training run checks below
     p.add_argument("--nproc", type=int, default=1, help="ranks on this machine (GPUs, or CPU processes)")
     p.add_argument("--hostfile", default=None, help="DeepSpeed hostfile for multi-node runs (infra/deepspeed/)")
     p.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free one)")
     p.add_argument("--dry-run", action="store_true", help="print the launcher command and exit")
     p.set_defaults(func=run_pretrain)
+    sub = p.add_subparsers(dest="pretrain_command", metavar="export", required=False)
+    ex = sub.add_parser(
+        "export",
+        help="a run's latest complete checkpoint (any ZeRO stage, any world size) → Hugging Face model dir",
+        description="Consolidate RUN/ckpt (ZeRO partitions of every rank merged) into MODEL: safetensors, "
+        "config.json, tokenizer + chat template, generation_config.json, and vision_heads.safetensors/.json "
+        "(W_in and the patch head ψ; pretrain.export.load_vision_heads). A run in progress exports its latest "
+        "complete checkpoint; the step is printed and recorded in MODEL/export.json.",
+    )
+    ex.add_argument("run", help="pre-training output directory (`scifolio pretrain --out`)")
+    ex.add_argument("--out", required=True, help="model directory to write")
+    ex.add_argument("--backbone", default=None, help="backbone config/tokenizer path (default: RUN/config.json's)")
+    ex.set_defaults(func=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from pretrain.export import export
+    from pretrain.train import prepare_env
+
+    prepare_env()
+    try:
+        ck = export(args.run, args.out, backbone=args.backbone)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {args.run} step {ck.step} ({ck.tag}, ZeRO-{ck.zero_stage}, {ck.world_size} rank(s)) → {args.out}")
+    return 0
 
 
 def launcher_command(args: argparse.Namespace) -> list[str]:
@@ -61,6 +89,12 @@ def launcher_env() -> dict[str, str]:
 
 
 def run_pretrain(args: argparse.Namespace) -> int:
+    if not args.shards:
+        print(
+            "error: scifolio pretrain: --shards is required (or: scifolio pretrain export RUN --out MODEL)",
+            file=sys.stderr,
+        )
+        return 2
     cmd = launcher_command(args)
     if args.dry_run:
         print(" ".join(cmd))

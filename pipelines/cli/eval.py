@@ -1,0 +1,95 @@
+"""``scifolio eval``: pass@k of a model on a verifiable task, or its perplexity on a build's shards (posttrain/eval.py).
+
+    scifolio eval --model runs/sft/policy --task countdown --n 16 --k 1,4,16 --out eval.json
+    scifolio eval --model M --task jsonl --data test.jsonl --verifier numeric --n 16 --k 1,4 --repeats 3 --out e.json
+    scifolio eval --model M --task perplexity --shards out/ --out ppl.json
+
+Writes one JSON file (summary keys ``pass@1``, ``pass@4``… or ``perplexity``, plus per-problem results) and prints
+a one-line summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from posttrain.eval import TASKS, VERIFIERS
+
+    p = subparsers.add_parser(
+        "eval",
+        help="pass@k on a verifiable task (countdown, jsonl, ...) or held-out perplexity on shards",
+        description="Unbiased pass@k over N samples per problem, sampled in batches by the RL stack's engine; "
+        "or --task perplexity --shards BUILD_OUT.",
+    )
+    p.add_argument("--model", required=True, help="Hugging Face model directory or name (with its tokenizer)")
+    p.add_argument("--task", required=True, choices=[*sorted(TASKS), "perplexity"], help="what to measure")
+    p.add_argument("--out", required=True, help="JSON file to write")
+    p.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
+    p.add_argument("--k", default="1,4,16", help="comma-separated k values of pass@k, each ≤ N (default 1,4,16)")
+    p.add_argument("--repeats", type=int, default=1, help="independent sampling runs averaged (spread reported)")
+    p.add_argument("--data", default=None, help="--task jsonl: problems, one {id, prompt|messages, answer} a line")
+    p.add_argument("--verifier", default="exact", choices=sorted(VERIFIERS), help="--task jsonl: how to check")
+    p.add_argument("--problems", type=int, default=64, help="generated tasks (countdown): how many problems")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="response budget (default: the task's)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=64, help="requests the engine decodes at once")
+    p.add_argument("--shards", default=None, help="--task perplexity: build output directory")
+    p.add_argument("--seq-len", type=int, default=512, help="--task perplexity: window length")
+    p.add_argument("--max-chunks", type=int, default=None, help="--task perplexity: stop after this many chunks")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from formats import fs
+    from posttrain import eval as ev
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    if args.task == "perplexity":
+        if not args.shards:
+            print("error: --task perplexity needs --shards BUILD_OUT", file=sys.stderr)
+            return 2
+        result = {"model": args.model, "task": "perplexity", "shards": args.shards}
+        result |= ev.perplexity(model, args.shards, args.seq_len, args.max_chunks, progress=not args.no_progress)
+        fs.write_text(args.out, json.dumps(result, indent=2))
+        print(f"perplexity {result['perplexity']:.3f} over {result['tokens']} tokens ({result['chunks']} chunks)")
+        return 0
+
+    from posttrain.rollout.engines.hf import HFEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    ks = [int(k) for k in args.k.split(",") if k.strip()]
+    opts = ev.TaskOptions(args.data, args.verifier, args.problems, args.seed, args.max_new_tokens)
+    try:
+        task = ev.TASKS[args.task](opts)
+        result = ev.evaluate(
+            lambda: HFEngine(model, capacity=args.batch),
+            tokenizer,
+            task,
+            args.n,
+            ks,
+            args.repeats,
+            args.temperature,
+            args.top_p,
+            args.seed,
+            progress=not args.no_progress,
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result = {"model": args.model, "task": args.task, **result}
+    fs.write_text(args.out, json.dumps(result, indent=2))
+    scores = ", ".join(
+        f"pass@{k} {result[f'pass@{k}']:.3f}" + (f"±{result[f'pass@{k}_std']:.3f}" if args.repeats > 1 else "")
+        for k in ks
+    )
+    print(f"{args.task}: {scores} ({len(task.rows)} problems, n={args.n}, repeats={args.repeats})")
+    return 0

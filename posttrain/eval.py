@@ -1,0 +1,322 @@
+"""Measure a model: pass@k on verifiable tasks, held-out perplexity on a build's shards (``scifolio eval``).
+
+    scifolio eval --model runs/sft/policy --task countdown --n 16 --k 1,4,16 --out eval.json
+    scifolio eval --model M --task jsonl --data test.jsonl --verifier math-verify --n 16 --k 1,4 --repeats 3 --out e.json
+    scifolio eval --model M --task perplexity --shards out/ --out ppl.json
+
+pass@k is the unbiased estimator of Chen et al. (2021): with ``n`` samples of which ``c`` pass,
+pass@k = 1 − C(n−c, k)/C(n, k), averaged over problems (and over ``--repeats`` independent runs, whose spread is
+reported too). Samples come from the RL stack's step-driven engine (``HFEngine``; every problem's ``n`` requests
+batched through one engine), so what ``eval`` measures is what RL would have sampled.
+
+Tasks live in :data:`TASKS`, a registry: ``@register("name")`` on a function ``(options) -> EvalTask`` adds one
+(the lemma-agent and agentic issues add theirs). A task is problems (``{"id", "prompt" | "messages", "answer",
+...}``) plus a pass/fail ``check(completion, row, stopped)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from formats.chat import TURN_END
+from posttrain.rollout.types import FINISH_STOP, Request, SamplingParams
+
+Check = Callable[[str, dict[str, Any], bool], bool]
+
+
+# --- the estimator (pure) ----------------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``c`` passes among ``n`` samples: 1 − C(n−c, k)/C(n, k).
+
+    Computed as 1 − ∏_{i=n−c+1}^{n} (1 − k/i), which never forms the huge binomials."""
+    if not 0 <= c <= n or k < 1:
+        raise ValueError(f"need 0 ≤ c ≤ n and k ≥ 1, got n={n}, c={c}, k={k}")
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per problem, got n={n}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+# --- tasks -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalTask:
+    """Problems and a pass/fail check on a decoded completion (``stopped``: the model ended it itself)."""
+
+    rows: Sequence[dict[str, Any]]
+    check: Check
+    max_new_tokens: int = 64
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """What a task factory may read (from the CLI)."""
+
+    data: str | None = None
+    """jsonl of problems (``jsonl`` task)."""
+    verifier: str = "exact"
+    """Name in :data:`VERIFIERS` (``jsonl`` task)."""
+    problems: int = 64
+    """How many generated problems (``countdown``)."""
+    seed: int = 0
+    max_new_tokens: int | None = None
+
+
+TASKS: dict[str, Callable[[TaskOptions], EvalTask]] = {}
+
+
+def register(name: str) -> Callable[[Callable[[TaskOptions], EvalTask]], Callable[[TaskOptions], EvalTask]]:
+    """Add a task factory to :data:`TASKS` under ``name``."""
+
+    def deco(fn: Callable[[TaskOptions], EvalTask]) -> Callable[[TaskOptions], EvalTask]:
+        TASKS[name] = fn
+        return fn
+
+    return deco
+
+
+def exact(completion: str, row: dict[str, Any], stopped: bool) -> bool:
+    """The stripped completion is the answer (a truncated response never passes)."""
+    return stopped and completion.strip() == str(row["answer"]).strip()
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def numeric(completion: str, row: dict[str, Any], stopped: bool) -> bool:
+    """The last number in the completion equals the answer (relative tolerance 1e-6)."""
+    found = _NUMBER.findall(completion.replace(",", ""))
+    if not stopped or not found:
+        return False
+    return math.isclose(float(found[-1]), float(row["answer"]), rel_tol=1e-6, abs_tol=1e-9)
+
+
+def math_verify(completion: str, row: dict[str, Any], stopped: bool) -> bool:
+    """``math-verify``: the LaTeX/expression answer in the completion is mathematically the reference.
+
+    Its timeouts are SIGALRM, which only the main thread may set: elsewhere they are switched off."""
+    from math_verify import parse, verify
+
+    main = threading.current_thread() is threading.main_thread()
+    timeout = {} if main else {"parsing_timeout": None}
+    gold = parse(_as_latex(str(row["answer"])), **timeout)
+    pred = parse(completion, **timeout)
+    return bool(stopped and gold and pred and verify(gold, pred, **({} if main else {"timeout_seconds": None})))
+
+
+def _as_latex(answer: str) -> str:
+    return answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
+
+
+VERIFIERS: dict[str, Check] = {"exact": exact, "numeric": numeric, "math-verify": math_verify}
+
+
+@register("countdown")
+def countdown_task(opts: TaskOptions) -> EvalTask:
+    """The RL debug family (``posttrain/rl/task.py``): ``"n:"`` → digits n−1 … 0, exact match."""
+    from posttrain.rl.task import countdown_rows
+
+    return EvalTask(countdown_rows(opts.problems, seed=opts.seed), exact, opts.max_new_tokens or 16)
+
+
+@register("jsonl")
+def jsonl_task(opts: TaskOptions) -> EvalTask:
+    """Rows ``{"id", "prompt" | "messages", "answer"}`` from ``--data``, checked by ``--verifier``."""
+    if not opts.data:
+        raise ValueError("--task jsonl needs --data FILE.jsonl")
+    if opts.verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {opts.verifier!r} (choose from {', '.join(VERIFIERS)})")
+    rows = [json.loads(line) for line in Path(opts.data).read_text().splitlines() if line.strip()]
+    for i, r in enumerate(rows):
+        r.setdefault("id", str(i))
+    return EvalTask(rows, VERIFIERS[opts.verifier], opts.max_new_tokens or 256)
+
+
+# --- sampling ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    text: str
+    stopped: bool
+    passed: bool
+
+
+@dataclass
+class ProblemResult:
+    id: str
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def correct(self) -> int:
+        return sum(s.passed for s in self.samples)
+
+
+def prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:
+    """A chat row goes through the tokenizer's chat template; a plain prompt is ``bos + prompt`` (as RL feeds it)."""
+    if "messages" in row:
+        # rendered as text, then tokenised without specials: the same ids SFT trained the context on
+        text = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+    return [tokenizer.bos_token_id, *ids] if tokenizer.bos_token_id is not None else ids
+
+
+def sample(
+    engine: Any,
+    tokenizer: Any,
+    task: EvalTask,
+    n: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> list[ProblemResult]:
+    """``n`` samples per problem through ``engine`` (any ``RolloutEngine``), decoded and checked."""
+    stop = tuple(t for t in (tokenizer.eos_token_id,) if t is not None)
+    results = {str(r["id"]): ProblemResult(str(r["id"])) for r in task.rows}
+    by_id = {str(r["id"]): r for r in task.rows}
+    requests = []
+    for p, row in enumerate(task.rows):
+        ids = prompt_ids(row, tokenizer)
+        for j in range(n):
+            params = SamplingParams(
+                max_new_tokens=task.max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed * 1_000_003 + p * 10_007 + j,
+                stop_token_ids=stop,
+            )
+            requests.append(Request(f"{row['id']}/{j}", ids, params, group_id=str(row["id"])))
+    engine.submit(requests)
+    left = len(requests)
+    while left:
+        out = engine.step()
+        for traj in out.finished:
+            stopped = traj.finish_reason == FINISH_STOP
+            ids = traj.token_ids[:-1] if stopped else traj.token_ids
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            row = by_id[traj.request.group_id]
+            if "messages" in row and TURN_END in text:  # formats.chat's template ends turns with text, not EOS
+                text, stopped = text.split(TURN_END, 1)[0], True
+            results[traj.request.group_id].samples.append(Sample(text, stopped, bool(task.check(text, row, stopped))))
+        left -= len(out.finished)
+        if progress is not None and out.finished:
+            progress(len(out.finished))
+    return list(results.values())
+
+
+def summarise(results: Sequence[ProblemResult], ks: Iterable[int]) -> dict[str, float]:
+    """Mean over problems of each pass@k."""
+    return {f"pass@{k}": sum(pass_at_k(len(r.samples), r.correct, k) for r in results) / len(results) for k in ks}
+
+
+def evaluate(
+    make_engine: Callable[[], Any],
+    tokenizer: Any,
+    task: EvalTask,
+    n: int,
+    ks: Sequence[int],
+    repeats: int = 1,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """``repeats`` independent runs of :func:`sample`; summary = mean over runs (``_std``: their spread)."""
+    for k in ks:
+        if k > n:
+            raise ValueError(f"pass@{k} needs --n ≥ {k}")
+    bar = _bar(repeats * n * len(task.rows), progress)
+    runs = []
+    for r in range(repeats):
+        results = sample(make_engine(), tokenizer, task, n, temperature, top_p, seed + r, bar.update)
+        runs.append({"summary": summarise(results, ks), "problems": [_problem_json(p, ks) for p in results]})
+    bar.close()
+    out: dict[str, Any] = {"n": n, "k": list(ks), "repeats": repeats, "problems_count": len(task.rows)}
+    for k in ks:
+        vals = [run["summary"][f"pass@{k}"] for run in runs]
+        mean = sum(vals) / len(vals)
+        out[f"pass@{k}"] = mean
+        out[f"pass@{k}_std"] = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+    out["runs"] = runs
+    return out
+
+
+def _problem_json(p: ProblemResult, ks: Sequence[int]) -> dict[str, Any]:
+    return {
+        "id": p.id,
+        "n": len(p.samples),
+        "correct": p.correct,
+        **{f"pass@{k}": pass_at_k(len(p.samples), p.correct, k) for k in ks},
+        "samples": [{"text": s.text, "stopped": s.stopped, "passed": s.passed} for s in p.samples],
+    }
+
+
+# --- perplexity --------------------------------------------------------------------------------------------------
+
+
+def perplexity(
+    model: Any, shards: str, seq_len: int = 512, max_chunks: int | None = None, progress: bool = True
+) -> dict[str, Any]:
+    """Token-level perplexity of ``model`` on the text tokens of a build's shards (``scifolio build --out``).
+
+    Each chunk's text segments, in order, are one token stream (image segments are skipped: a text-only LM never
+    saw their slots); the stream is cut into windows of ``seq_len`` scored independently, each window's first
+    token unscored. ppl = exp(Σ NLL / Σ scored tokens)."""
+    import torch
+    import torch.nn.functional as F
+
+    from formats.shards import iter_chunks, list_shards
+
+    nll, count, chunks = 0.0, 0, 0
+    vocab = model.get_input_embeddings().num_embeddings
+    files = list_shards(shards)
+    if not files:
+        raise FileNotFoundError(f"no shards under {shards}")
+    bar = _bar(None, progress, unit="chunk")
+    model.eval()
+    for path in files:
+        for chunk in iter_chunks(path, parts=("segments",)):
+            ids = [t for s in chunk.segments if s.kind == "text" for t in s.token_ids]
+            if max(ids, default=0) >= vocab:
+                raise ValueError(f"token id {max(ids)} ≥ model vocab {vocab}: shards use another tokenizer")
+            for start in range(0, len(ids) - 1, seq_len):
+                window = torch.tensor([ids[start : start + seq_len]])
+                if window.shape[1] < 2:
+                    continue
+                with torch.no_grad():
+                    logits = model(input_ids=window).logits.float()
+                nll += F.cross_entropy(logits[0, :-1], window[0, 1:], reduction="sum").item()
+                count += window.shape[1] - 1
+            chunks += 1
+            bar.update(1)
+            if max_chunks is not None and chunks >= max_chunks:
+                break
+        if max_chunks is not None and chunks >= max_chunks:
+            break
+    bar.close()
+    if count == 0:
+        raise ValueError(f"no text tokens in {shards}")
+    return {"perplexity": math.exp(nll / count), "nll_per_token": nll / count, "tokens": count, "chunks": chunks}
+
+
+def _bar(total: int | None, enabled: bool, unit: str = "sample") -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, disable=not enabled, file=sys.stderr, dynamic_ncols=True)

@@ -1,0 +1,175 @@
+"""``scifolio pretrain export``: a DeepSpeed run (ZeRO-2/3, 1/2 ranks) → a Hugging Face model directory that plain
+``transformers`` loads, with the training engine's own logits (≤ 1e-5, fp32)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import in_loopback_namespace
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Runs in a fresh interpreter: imports transformers and torch only, and proves nothing of this project came along.
+CLEAN_LOAD = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir, probe_file, engine_file = sys.argv[1:4]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = torch.load(probe_file)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    ours = sorted(m for m in sys.modules if m.split(".")[0] in ("formats", "pretrain", "posttrain", "pipelines"))
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    print(json.dumps({
+        "max_abs": (logits - torch.load(engine_file)).abs().max().item(),
+        "ours": ours, "chat": chat, "vocab": len(tok), "dtype": str(next(model.parameters()).dtype),
+    }))
+    """
+)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+    return env
+
+
+def _train(corpus: Path, models: Path, out: Path, stage: int, ranks: int) -> None:
+    module = ["-m", "tests.pretrain.export_run", str(corpus), str(models), str(out), str(stage)]
+    if ranks == 1:
+        cmd = [sys.executable, *module]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr"]
+        cmd += ["127.0.0.1", "--master_port", "29531", *module]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _export(run: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    from pipelines.cli import main
+
+    assert main(["pretrain", "export", str(run), "--out", str(out)]) == 0
+    return capsys.readouterr().out
+
+
+def _clean_load(model: Path, run: Path, tmp: Path) -> dict:
+    from tests.pretrain.export_run import probe_ids
+
+    torch.save(probe_ids(), tmp / "probe.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", CLEAN_LOAD, str(model), str(tmp / "probe.pt"), str(run / "engine_logits.pt")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs(corpus: Path, tiny_models: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One 3-step run per (stage, ranks), trained on first use and shared by the tests of this module."""
+    made: dict[tuple[int, int], Path] = {}
+
+    def get(stage: int, ranks: int) -> Path:
+        if (stage, ranks) not in made:
+            made[stage, ranks] = tmp_path_factory.mktemp(f"run-z{stage}-r{ranks}")
+            _train(corpus, tiny_models, made[stage, ranks], stage, ranks)
+        return made[stage, ranks]
+
+    return get
+
+
+def _check(runs, tmp_path, capsys, stage: int, ranks: int) -> None:
+    run, model = runs(stage, ranks), tmp_path / "model"
+    said = _export(run, model, capsys)
+    assert f"step 3 (step3, ZeRO-{stage}, {ranks} rank(s))" in said
+    got = _clean_load(model, run, tmp_path)
+    assert got["ours"] == [] and got["dtype"] == "torch.float32"
+    assert got["max_abs"] <= 1e-5, got
+    assert got["chat"].endswith("<|im_start|>assistant\n")
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json"} <= {
+        p.name for p in model.iterdir()
+    }
+    assert json.loads((model / "export.json").read_text())["step"] == 3
+
+    # The vision projection and patch head come back through the documented loader with the trained weights.
+    from pretrain.export import consolidated_state, latest_checkpoint, load_vision_heads
+
+    w_in, psi, meta = load_vision_heads(model)
+    state = consolidated_state(latest_checkpoint(run))
+    assert torch.equal(w_in.weight, state["w_in.weight"]) and torch.equal(psi[2].bias, state["psi.2.bias"])
+    assert meta["encoder"].endswith("pretrain-vision") and meta["d_vis"] == w_in.in_features
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_export_matches_engine_logits_one_rank(stage, runs, tmp_path, capsys) -> None:
+    _check(runs, tmp_path, capsys, stage, ranks=1)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.skipif(
+    not in_loopback_namespace(),
+    reason="c10d's TCP store binds every interface: run inside a loopback-only namespace "
+    "(unshare -n sh -c 'ip link set lo up && exec pytest ...')",
+)
+@pytest.mark.parametrize(
+    "stage",
+    [
+        2,
+        pytest.param(
+            3,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="pre-training itself breaks under ZeRO-3 on 2 ranks: ranks make different module calls (E_v "
+                "cache hits skip the frozen encoder's forward, a rank without pages skips the visual forward), so "
+                "ZeRO-3's parameter all-gathers mismatch (gloo 'collective mismatch') at step 2",
+            ),
+        ),
+    ],
+)
+def test_export_matches_engine_logits_two_ranks(stage, runs, tmp_path, capsys) -> None:
+    _check(runs, tmp_path, capsys, stage, ranks=2)
+    assert len(list((runs(stage, 2) / "ckpt" / "step3").glob("*_optim_states.pt"))) == 2
+
+
+def test_export_of_run_in_progress_takes_latest_complete_checkpoint(runs, tmp_path, capsys) -> None:
+    from pretrain.export import consolidated_state, latest_checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(runs(2, 1), run)  # checkpoints at steps 2 and 3
+    # step 3 caught mid-write: DeepSpeed rewrites `latest` only after every rank saved, so it still names step 2.
+    (run / "ckpt" / "latest").write_text("step2")
+    for part in (run / "ckpt" / "step3").glob("*_optim_states.pt"):
+        part.unlink()
+    said = _export(run, tmp_path / "model", capsys)
+    assert "step 2 (step2" in said
+    from safetensors.torch import load_file
+
+    exported = load_file(str(tmp_path / "model" / "model.safetensors"))
+    step2 = consolidated_state(latest_checkpoint(run))
+    assert torch.equal(exported["model.norm.weight"], step2["backbone.model.norm.weight"])
+    # A checkpoint whose partitions are not all there is refused, not half-exported.
+    (run / "ckpt" / "latest").write_text("step3")
+    with pytest.raises(FileNotFoundError, match="0 of 1"):
+        latest_checkpoint(run)
+    shutil.rmtree(run / "ckpt" / "step3")
+    with pytest.raises(FileNotFoundError):
+        latest_checkpoint(run)
