@@ -147,6 +147,20 @@ def jsonl_task(opts: TaskOptions) -> EvalTask:
     return EvalTask(rows, VERIFIERS[opts.verifier], opts.max_new_tokens or 256)
 
 
+@register("lemma-chain")
+def lemma_chain_task(opts: TaskOptions) -> EvalTask:
+    """The lemma agent's generated multi-step problems (``posttrain/lemma/tasks.py``), the fixed-seed test split;
+    an answer passes when its last ``ANSWER:`` (or ``\\boxed{}``) equals the reference by math-verify."""
+    from posttrain.lemma.tasks import train_test_split, verify_answer
+
+    _, test = train_test_split(0, opts.problems, seed=opts.seed)
+
+    def check(completion: str, row: dict[str, Any], stopped: bool) -> bool:
+        return verify_answer(completion, row, stopped) >= 1.0
+
+    return EvalTask(test, check, opts.max_new_tokens or 512)
+
+
 # --- sampling ----------------------------------------------------------------------------------------------------
 
 

@@ -211,3 +211,20 @@ def test_chat_response_stops_at_the_templates_turn_end() -> None:
     out = evaluate(lambda: NoEos(tok, {}, {}), tok, EvalTask(rows, exact, 24), 2, [1], progress=False)
     samples = out["runs"][0]["problems"][0]["samples"]
     assert [s["text"] for s in samples] == ["12", "12"] and out["pass@1"] == 1.0
+
+
+def test_lemma_chain_family_is_an_eval_task_scored_at_pass_1_and_4_over_16() -> None:
+    """``scifolio eval --task lemma-chain``: the lemma agent's test split, checked by the family's own verifier."""
+    from posttrain.eval import TASKS, TaskOptions
+    from posttrain.tiny.agentic import build_tokenizer
+
+    tok = build_tokenizer()
+    task = TASKS["lemma-chain"](TaskOptions(problems=12, seed=0))
+    assert len(task.rows) == 12 and all("answer" in r for r in task.rows)
+    rates = {r["id"]: (0.25 if i % 2 else 0.75) for i, r in enumerate(task.rows)}
+    answers = {r["id"]: f"ANSWER: {r['answer']}" for r in task.rows}
+    out = evaluate(lambda: CoinPolicy(tok, rates, answers), tok, task, 16, [1, 4], progress=False)
+    for k in (1, 4):
+        true = sum(1 - (1 - p) ** k for p in rates.values()) / len(rates)
+        sigma = math.sqrt(sum((1 - (1 - p) ** k) * (1 - p) ** k for p in rates.values())) / len(rates)
+        assert abs(out[f"pass@{k}"] - true) < 4 * sigma + 1e-9, (k, out[f"pass@{k}"], true)
