@@ -32,7 +32,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.agentic.chat import TOOL_OPEN, Conversation, Generation, GenerationStream, parse_output, render
+from posttrain import toolcall
+from posttrain.agentic.chat import Conversation, Generation, GenerationStream, parse_output, render
 from posttrain.agentic.driver import EngineDriver
 from posttrain.agentic.protocols import MESSAGES, PROTOCOLS, Protocol, sse
 from posttrain.agentic.traces import TraceStore
@@ -125,7 +126,7 @@ class Gateway:
             i for i in tokenizer.convert_tokens_to_ids([tokenizer.eos_token, "<|endoftext|>"]) if isinstance(i, int)
         )
         stop_texts = [tokenizer.decode([i], skip_special_tokens=False) for i in self.stop_ids]
-        self._held_markers = tuple(m for m in (TOOL_OPEN, *stop_texts) if m)
+        self._held_markers = tuple(m for m in (toolcall.OPEN, *stop_texts) if m)
         """Text whose beginning at the end of a partial output is not streamed yet (it may become a tool call)."""
         self.incremental_decode = byte_level_decode(tokenizer)
         """Streams decode only the new ids (byte-level tokenizers) instead of the whole output at every step."""
@@ -200,11 +201,11 @@ class Gateway:
         if ids and ids[-1] in self.stop_ids:
             ids = ids[:-1]
         text = decode(ids)
-        cut = text.find(TOOL_OPEN, max(0, n_sent - len(TOOL_OPEN)))  # the text sent holds no tool call
+        cut = text.find(toolcall.OPEN, max(0, n_sent - len(toolcall.OPEN)))  # the text sent holds no tool call
         if cut >= 0:
             return text[:cut].rstrip("\ufffd")
         text = text.rstrip("\ufffd")
-        held = max((k for m in self._held_markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
+        held = toolcall.held_prefix(text, self._held_markers)
         return text[: len(text) - held]
 
     def _prepare(self, session: str, conv: Conversation, protocol: str) -> _Call:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from posttrain import toolcall
 from posttrain.agentic.jail import SandboxConfig
 from posttrain.agentic.tasks import INFRA, HarnessRun, SimpleHarness, Task, coding_tasks, verify
 from posttrain.agentic.traces import TraceStore
@@ -117,9 +118,8 @@ def train_step(learner: Any, trajs: list[Trajectory], token_adv: list[list[float
 
 
 # -- a scripted agent policy ---------------------------------------------------------------------------
-def tool_call_text(name: str, arguments: dict[str, Any], text: str = "") -> str:
-    """What the model emits for a tool call in the tiny template's format."""
-    return text + "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+tool_call_text = toolcall.render
+"""What the model emits for a tool call (``posttrain/toolcall.py``)."""
 
 
 BEHAVIOURS = ("fix", "edit_tests", "break_p2p", "malformed_then_fix")
@@ -143,7 +143,8 @@ def behaviour_replies(task: Task, behaviour: str) -> list[str]:
         kept = "def " + fn + good.split("def " + fn, 1)[1].split("\n\n\n")[0]
         return [tool_call_text("write_file", {"path": path, "content": kept + "\n"}), "Done."]
     if behaviour == "malformed_then_fix":
-        return ['<tool_call>{"name": "write_file", oops</tool_call>', *behaviour_replies(task, "fix")[1:]]
+        bad = toolcall.OPEN + '{"name": "write_file", oops' + toolcall.CLOSE
+        return [bad, *behaviour_replies(task, "fix")[1:]]
     raise ValueError(behaviour)
 
 
