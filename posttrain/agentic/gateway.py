@@ -8,8 +8,8 @@ the path prefix wins when present (for harnesses that cannot set a key).
 Per call: adapter → ``Conversation`` → chat template text → longest-prefix match in the session's
 PrefixTree (``traces.py``) → input ids = stored ids of the matched path + ``encode(delta)`` → engine
 (``RolloutEngine``: submit, then steps driven by one engine thread for all sessions, ``driver.py``) → the engine's
-output ids, logprobs, versions, routed experts are written to the store *before* the output is decoded
-and wrapped in the protocol envelope. Returned text is never re-tokenised: the next call's prompt reuses
+``Trajectory`` (output ids, logprobs, versions, routed experts) goes into the store as it is, *before* the output
+is decoded and wrapped in the protocol envelope (``protocols.PROTOCOLS``, one object per protocol). Returned text is never re-tokenised: the next call's prompt reuses
 the stored ids as long as its rendering extends the stored text, and forks (recorded) otherwise.
 
 Streaming (``"stream": true``) is incremental: each engine step's new ids (``StepOutput.new_tokens``) reach the
@@ -243,7 +243,7 @@ class Gateway:
         return _Call(Request(rid, input_ids, params, group_id=session), cid, m, (delta_text, delta_ids), conv, protocol)
 
     def _capture(self, call: _Call, traj: Trajectory) -> Generation:
-        """Store the engine's exact ids, logprobs, versions and experts, then parse the output."""
+        """Store the engine's ``Trajectory`` as it is (ids, logprobs, versions, experts), then parse the output."""
         out_ids = list(traj.token_ids)
         resp_text = self.tokenizer.decode(out_ids, skip_special_tokens=False)
         finish = traj.finish_reason if traj.finish_reason in ("length", "abort") else "stop"
@@ -259,7 +259,8 @@ class Gateway:
             session,
             call.match.node,
             call.delta,
-            (resp_text, out_ids, list(traj.logprobs), list(traj.versions), traj.routed_experts),
+            resp_text,
+            traj,
             finish,
             call.protocol,
             meta={
