@@ -29,7 +29,8 @@ import time
 import zlib
 from pathlib import Path
 
-from posttrain.agentic.gateway import EngineDriver, Gateway, GatewayConfig, ServerThread, build_app
+from posttrain.agentic.driver import EngineDriver
+from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
 from posttrain.agentic.scripted import ScriptedTokenEngine
 from posttrain.rollout.types import Request, SamplingParams
 from posttrain.tiny.agentic import build_tokenizer

@@ -2,6 +2,8 @@
 
 - ``objectives/``: the pure math (policy loss, advantages, credit, distillation, speculative acceptance, Memory
   Decoder, R3, lemma rewards, the native kernel): torch only, a leaf.
+- ``toolcall``: the tool-call markup (``<tool_call>{json}</tool_call>``): rendered, templated and parsed from this
+  one definition by the tiny template, the gateway and the scripted agents; a leaf.
 - ``tiny/``: every tiny random model and tokenizer the tests and smoke runs build (``scifolio models tiny``).
 - ``rollout/``: the ``RolloutEngine`` protocol, its engines (HF, speculative, vLLM, scripted) and the
   partial-rollout scheduler.

@@ -5,7 +5,8 @@ messages (``role`` system/user/assistant/tool, ``content`` a string, assistant `
 ``arguments`` as a dict) plus tool definitions ``{"type": "function", "function": {name, description,
 parameters}}``. The model's chat template renders that to text (``render``).
 
-Generated text is parsed in the Qwen/Hermes format the tiny template renders (``tiny.py``)::
+Generated text is parsed in the tool-call markup ``posttrain/toolcall.py`` defines (Qwen/Hermes, the tiny
+template's)::
 
     TEXT<tool_call>{"name": NAME, "arguments": {...}}</tool_call>...<|im_end|>
 
@@ -22,13 +23,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-TOOL_OPEN = "<tool_call>"
-TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+from posttrain import toolcall
 
 
 @dataclass
@@ -122,22 +121,10 @@ def call_id(seed: str, i: int) -> str:
 
 
 def parse_output(text: str, finish_reason: str, seed: str) -> tuple[str, list[ToolCall], bool]:
-    """Split generated text (stop token already removed) into content and tool calls."""
-    first = text.find(TOOL_OPEN)
-    if first < 0:
-        return text, [], "</tool_call>" not in text
-    calls: list[ToolCall] = []
-    for i, m in enumerate(TOOL_BLOCK.finditer(text)):
-        try:
-            obj = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            return text, [], False
-        if not (isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments"), dict)):
-            return text, [], False
-        calls.append(ToolCall(call_id(seed, i), obj["name"], obj["arguments"]))
-    if not calls or finish_reason == "length":
-        return text, [], False
-    return text[:first], calls, True
+    """Split generated text (stop token already removed) into content and tool calls (``toolcall.parse``), each
+    call with a stable id (``call_id(seed, i)``)."""
+    content, calls, well_formed = toolcall.parse(text, finish_reason)
+    return content, [ToolCall(call_id(seed, i), name, args) for i, (name, args) in enumerate(calls)], well_formed
 
 
 def render(tokenizer: Any, conv: Conversation) -> str:

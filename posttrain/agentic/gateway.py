@@ -7,9 +7,9 @@ the path prefix wins when present (for harnesses that cannot set a key).
 
 Per call: adapter → ``Conversation`` → chat template text → longest-prefix match in the session's
 PrefixTree (``traces.py``) → input ids = stored ids of the matched path + ``encode(delta)`` → engine
-(``RolloutEngine``: submit, then steps driven by one asyncio task for all sessions) → the engine's
-output ids, logprobs, versions, routed experts are written to the store *before* the output is decoded
-and wrapped in the protocol envelope. Returned text is never re-tokenised: the next call's prompt reuses
+(``RolloutEngine``: submit, then steps driven by one engine thread for all sessions, ``driver.py``) → the engine's
+``Trajectory`` (output ids, logprobs, versions, routed experts) goes into the store as it is, *before* the output
+is decoded and wrapped in the protocol envelope (``protocols.PROTOCOLS``, one object per protocol). Returned text is never re-tokenised: the next call's prompt reuses
 the stored ids as long as its rendering extends the stored text, and forks (recorded) otherwise.
 
 Streaming (``"stream": true``) is incremental: each engine step's new ids (``StepOutput.new_tokens``) reach the
@@ -19,7 +19,7 @@ byte-level BPE tokenizers, the whole output otherwise) and its new final suffix 
 ``<tool_call>`` or of a stop token, and everything from ``<tool_call>`` on). When the engine finishes, the output
 is captured in the store, parsed whole (``parse_output``), and only then are the tool calls, finish reason and
 usage sent. A harness's time to first token is the engine's, not the whole call's. A failure after the stream
-began ends it with the protocol's own error event (``protocols.sse``).
+began ends it with the protocol's own error event (``Protocol.stream_error``, framed by ``protocols.sse``).
 
 Serve a model:  ``python -m posttrain.agentic.gateway --model DIR --port 8000``
 (``DIR`` holds a causal LM and a tokenizer with a chat template, e.g. ``tiny.write_tiny_agentic``).
@@ -28,27 +28,14 @@ Serve a model:  ``python -m posttrain.agentic.gateway --model DIR --port 8000``
 import asyncio
 import itertools
 import logging
-import threading
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.agentic.chat import TOOL_OPEN, Conversation, Generation, GenerationStream, parse_output, render
-from posttrain.agentic.protocols import (
-    chat_error,
-    chat_events,
-    chat_response,
-    messages_error,
-    messages_events,
-    messages_response,
-    parse_chat,
-    parse_messages,
-    parse_responses,
-    responses_error,
-    responses_events,
-    responses_response,
-    sse,
-)
+from posttrain import toolcall
+from posttrain.agentic.chat import Conversation, Generation, GenerationStream, parse_output, render
+from posttrain.agentic.driver import EngineDriver
+from posttrain.agentic.protocols import MESSAGES, PROTOCOLS, Protocol, sse
 from posttrain.agentic.traces import TraceStore
 from posttrain.rollout.types import Request, SamplingParams, Trajectory
 
@@ -69,151 +56,6 @@ class GatewayConfig:
     """Base of the per-call sampling seed (a pure function of session and call index)."""
     return_routed_experts: bool = False
     """Ask the engine for MoE routes (R3; the engine needs an experts recorder) and store them per call."""
-
-
-class TokenStream:
-    """One request's output ids as the engine emits them (``EngineDriver.stream``).
-
-    ``async for ids in stream`` yields the ids each engine step appended to the request (``StepOutput.new_tokens``);
-    the loop ends when the request finishes, and ``stream.trajectory`` is then the finished ``Trajectory``, the
-    same object ``generate`` would have returned. An engine failure is raised from the loop, and so is an engine
-    whose steps did not report every id it emitted (a streaming consumer would silently lose text otherwise).
-    """
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self.trajectory: Trajectory | None = None
-        self.n_received = 0
-        self._queue: asyncio.Queue = asyncio.Queue()
-
-    def __aiter__(self) -> "TokenStream":
-        return self
-
-    async def __anext__(self) -> list[int]:
-        kind, item = await self._queue.get()
-        if kind == "ids":
-            return item
-        if kind == "done":
-            self.trajectory = item
-            raise StopAsyncIteration
-        raise item
-
-    def _ids(self, ids: list[int]) -> None:
-        self.n_received += len(ids)
-        self._queue.put_nowait(("ids", ids))
-
-    def _done(self, traj: Trajectory) -> None:
-        if self.n_received != traj.n_tokens:
-            self._fail(
-                RuntimeError(
-                    f"{self.request_id}: the engine's steps reported {self.n_received} new ids, "
-                    f"but the trajectory finished with {traj.n_tokens}"
-                )
-            )
-        else:
-            self._queue.put_nowait(("done", traj))
-
-    def _fail(self, error: BaseException) -> None:
-        self._queue.put_nowait(("error", error))
-
-
-class EngineDriver:
-    """Runs one ``RolloutEngine`` for many concurrent callers: ``await generate(request)`` for the finished
-    trajectory, or ``async for ids in stream(request)`` for its ids as each step emits them.
-
-    The engine lives in its own thread, which takes every request queued since its last step, submits them
-    and steps while any request is in flight; finished trajectories are handed back to each caller's event
-    loop with ``call_soon_threadsafe``. So the step cadence does not wait for the HTTP event loop (a busy
-    loop would otherwise delay every step of every request), and the engine is only touched by that thread
-    (no locking inside engines). An engine failure fails the calls in flight, loudly, and the thread keeps
-    serving later calls. A step's ``new_tokens`` reach the streams before its finished trajectories do.
-    """
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self._cv = threading.Condition()
-        self._pending: list[tuple[Request, asyncio.AbstractEventLoop, asyncio.Future | TokenStream]] = []
-        self._aborts: list[str] = []
-        self._thread: threading.Thread | None = None
-        self.finished: dict[str, Trajectory] = {}
-        """request id → the trajectory exactly as the engine returned it (tests compare the store with it)."""
-
-    async def generate(self, request: Request) -> Trajectory:
-        fut = asyncio.get_running_loop().create_future()
-        self._enqueue(request, fut)
-        return await fut
-
-    def stream(self, request: Request) -> TokenStream:
-        """Submit ``request`` and return its ``TokenStream`` (call from the event loop's thread)."""
-        s = TokenStream(request.request_id)
-        self._enqueue(request, s)
-        return s
-
-    def _enqueue(self, request: Request, waiter: asyncio.Future | TokenStream) -> None:
-        with self._cv:
-            self._pending.append((request, asyncio.get_running_loop(), waiter))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="engine-driver", daemon=True)
-                self._thread.start()
-            self._cv.notify()
-
-    def abort(self, request_id: str) -> None:
-        """Stop a request before its next step (thread-safe); its caller gets the trajectory so far with
-        ``finish_reason = "abort"``. Unknown or finished ids are ignored."""
-        with self._cv:
-            self._aborts.append(request_id)
-            self._cv.notify()
-
-    def _run(self) -> None:
-        waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future | TokenStream]] = {}
-        while True:
-            with self._cv:
-                while not self._pending and not waiting:
-                    self._aborts.clear()  # nothing in flight: nothing to abort
-                    self._cv.wait()
-                batch, self._pending = self._pending, []
-                aborts, self._aborts = self._aborts, []
-            try:
-                if batch:
-                    for r, loop, w in batch:
-                        waiting[r.request_id] = (loop, w)
-                    self.engine.submit([r for r, _, _ in batch])
-                for t in self.engine.abort([a for a in aborts if a in waiting]) if aborts else []:
-                    self.finished[t.request_id] = t
-                    loop, w = waiting.pop(t.request_id)
-                    loop.call_soon_threadsafe(_settle, w, t, None)
-                if not waiting:
-                    continue
-                out = self.engine.step()
-            except Exception as e:  # an engine failure fails every waiting call, loudly
-                log.exception("engine step failed; failing %d waiting calls", len(waiting))
-                for loop, w in waiting.values():
-                    loop.call_soon_threadsafe(_settle, w, None, e)
-                waiting.clear()
-                continue
-            for rid, ids in out.new_tokens.items():
-                lw = waiting.get(rid)
-                if lw is not None and isinstance(lw[1], TokenStream):
-                    lw[0].call_soon_threadsafe(lw[1]._ids, ids)
-            for t in out.finished:
-                self.finished[t.request_id] = t
-                loop, w = waiting.pop(t.request_id)
-                loop.call_soon_threadsafe(_settle, w, t, None)
-
-
-def _settle(waiter: asyncio.Future | TokenStream, result: Any, error: BaseException | None) -> None:
-    """On the caller's event loop: finish a ``generate`` future or a ``TokenStream`` with a result or an error."""
-    if isinstance(waiter, TokenStream):
-        if error is not None:
-            waiter._fail(error)
-        else:
-            waiter._done(result)
-    elif waiter.done():  # the caller went away (cancelled)
-        return
-    elif error is not None:
-        waiter.set_exception(error)
-    else:
-        waiter.set_result(result)
 
 
 def byte_level_decode(tokenizer: Any) -> bool:
@@ -284,7 +126,7 @@ class Gateway:
             i for i in tokenizer.convert_tokens_to_ids([tokenizer.eos_token, "<|endoftext|>"]) if isinstance(i, int)
         )
         stop_texts = [tokenizer.decode([i], skip_special_tokens=False) for i in self.stop_ids]
-        self._held_markers = tuple(m for m in (TOOL_OPEN, *stop_texts) if m)
+        self._held_markers = tuple(m for m in (toolcall.OPEN, *stop_texts) if m)
         """Text whose beginning at the end of a partial output is not streamed yet (it may become a tool call)."""
         self.incremental_decode = byte_level_decode(tokenizer)
         """Streams decode only the new ids (byte-level tokenizers) instead of the whole output at every step."""
@@ -359,11 +201,11 @@ class Gateway:
         if ids and ids[-1] in self.stop_ids:
             ids = ids[:-1]
         text = decode(ids)
-        cut = text.find(TOOL_OPEN, max(0, n_sent - len(TOOL_OPEN)))  # the text sent holds no tool call
+        cut = text.find(toolcall.OPEN, max(0, n_sent - len(toolcall.OPEN)))  # the text sent holds no tool call
         if cut >= 0:
             return text[:cut].rstrip("\ufffd")
         text = text.rstrip("\ufffd")
-        held = max((k for m in self._held_markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
+        held = toolcall.held_prefix(text, self._held_markers)
         return text[: len(text) - held]
 
     def _prepare(self, session: str, conv: Conversation, protocol: str) -> _Call:
@@ -401,7 +243,7 @@ class Gateway:
         return _Call(Request(rid, input_ids, params, group_id=session), cid, m, (delta_text, delta_ids), conv, protocol)
 
     def _capture(self, call: _Call, traj: Trajectory) -> Generation:
-        """Store the engine's exact ids, logprobs, versions and experts, then parse the output."""
+        """Store the engine's ``Trajectory`` as it is (ids, logprobs, versions, experts), then parse the output."""
         out_ids = list(traj.token_ids)
         resp_text = self.tokenizer.decode(out_ids, skip_special_tokens=False)
         finish = traj.finish_reason if traj.finish_reason in ("length", "abort") else "stop"
@@ -417,7 +259,8 @@ class Gateway:
             session,
             call.match.node,
             call.delta,
-            (resp_text, out_ids, list(traj.logprobs), list(traj.versions), traj.routed_experts),
+            resp_text,
+            traj,
             finish,
             call.protocol,
             meta={
@@ -453,7 +296,8 @@ def session_of(headers: Any, sid: str | None) -> str:
 
 
 def build_app(gateway: Gateway):
-    """The FastAPI app over a ``Gateway``."""
+    """The FastAPI app over a ``Gateway``: one route per protocol of ``PROTOCOLS`` (and its ``/s/{sid}`` twin),
+    plus Messages' ``count_tokens`` and ``/v1/models``."""
     from fastapi import FastAPI
     from fastapi import Request as HttpRequest
     from fastapi.responses import JSONResponse, StreamingResponse
@@ -462,11 +306,11 @@ def build_app(gateway: Gateway):
     app.state.gateway = gateway
     default_max = gateway.config.default_max_tokens
 
-    def stream(events, error, g: GenerationStream) -> StreamingResponse:
+    def stream(events, protocol: Protocol, g: GenerationStream) -> StreamingResponse:
         async def body():
             done = False
             try:
-                async for chunk in sse(events, error):
+                async for chunk in sse(events, protocol):
                     yield chunk
                 done = True
             finally:  # closed or cancelled before the end: the client went away
@@ -474,26 +318,6 @@ def build_app(gateway: Gateway):
                     g.abandon()
 
         return StreamingResponse(body(), media_type="text/event-stream")
-
-    async def run(req: HttpRequest, sid: str | None, parse, protocol: str):
-        """(Generation or, for ``stream: true``, GenerationStream; conversation; body; error response or None)."""
-        body, conv = None, None
-        try:
-            try:
-                body = await req.json()
-                conv = parse(body, default_max)
-            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # malformed: the client's
-                raise InvalidRequest(f"malformed request: {type(e).__name__}: {e}", "invalid_request") from None
-            if conv.stream:
-                g = await gateway.stream(session_of(req.headers, sid), conv, protocol)
-            else:
-                g = await _unless_disconnected(req, gateway.generate(session_of(req.headers, sid), conv, protocol))
-        except InvalidRequest as e:
-            err = {"type": "invalid_request_error", "message": str(e), "code": e.code}
-            if protocol == "messages":
-                return None, conv, body, JSONResponse({"type": "error", "error": err}, status_code=400)
-            return None, conv, body, JSONResponse({"error": err}, status_code=400)
-        return g, conv, body, None
 
     async def _unless_disconnected(req: HttpRequest, work):
         """Await a non-streaming call, cancelling it (and so aborting its engine request) if the client goes away."""
@@ -506,43 +330,34 @@ def build_app(gateway: Gateway):
                 task.cancel()
                 raise InvalidRequest("the client went away", "client_disconnected")
 
-    async def chat(req: HttpRequest, sid: str | None = None):
-        g, conv, body, err = await run(req, sid, parse_chat, "chat")
-        if err is not None:
-            return err
-        if conv.stream:
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return stream(chat_events(g, conv.model, usage), chat_error, g)
-        return JSONResponse(chat_response(g, conv.model))
+    def route(protocol: Protocol):
+        async def call(req: HttpRequest, sid: str | None = None):
+            try:
+                try:
+                    body = await req.json()
+                    conv = protocol.parse(body, default_max)
+                except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # malformed: the client's
+                    raise InvalidRequest(f"malformed request: {type(e).__name__}: {e}", "invalid_request") from None
+                session = session_of(req.headers, sid)
+                if conv.stream:
+                    s = await gateway.stream(session, conv, protocol.name)
+                    return stream(protocol.events(s, conv, body), protocol, s)
+                g = await _unless_disconnected(req, gateway.generate(session, conv, protocol.name))
+            except InvalidRequest as e:
+                return JSONResponse(protocol.error(400, str(e), e.code), status_code=400)
+            return JSONResponse(protocol.response(g, conv, body))
 
-    async def responses(req: HttpRequest, sid: str | None = None):
-        g, conv, _, err = await run(req, sid, parse_responses, "responses")
-        if err is not None:
-            return err
-        return (
-            stream(responses_events(g, conv.model), responses_error, g)
-            if conv.stream
-            else JSONResponse(responses_response(g, conv.model))
-        )
-
-    async def messages(req: HttpRequest, sid: str | None = None):
-        g, conv, _, err = await run(req, sid, parse_messages, "messages")
-        if err is not None:
-            return err
-        if conv.stream:
-            return stream(messages_events(g, conv.model), messages_error, g)
-        return JSONResponse(messages_response(g, conv.model))
+        return call
 
     async def count_tokens(req: HttpRequest, sid: str | None = None):
-        return {"input_tokens": gateway.count_tokens(parse_messages(await req.json(), default_max))}
+        return {"input_tokens": gateway.count_tokens(MESSAGES.parse(await req.json(), default_max))}
 
     async def models(sid: str | None = None):
         return {"object": "list", "data": [{"id": "scifolio", "object": "model", "created": 0, "owned_by": "scifolio"}]}
 
     for prefix in ("", "/s/{sid}"):
-        app.post(prefix + "/v1/chat/completions")(chat)
-        app.post(prefix + "/v1/responses")(responses)
-        app.post(prefix + "/v1/messages")(messages)
+        for protocol in PROTOCOLS:
+            app.post(prefix + protocol.path)(route(protocol))
         app.post(prefix + "/v1/messages/count_tokens")(count_tokens)
         app.get(prefix + "/v1/models")(models)
     return app

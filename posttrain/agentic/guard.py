@@ -8,8 +8,11 @@
 - **Limits**, checked before anything is parsed or tokenised: body bytes (413, from ``Content-Length`` or while
   reading), then a JSON object (400), message count (400) and ``max_tokens`` (400).
 
-Every refusal has the protocol's own error shape (OpenAI's ``{"error": {...}}`` for chat and responses,
-Anthropic's ``{"type": "error", "error": {...}}`` for messages), so SDKs raise their ordinary API errors.
+Every refusal has the protocol's own error shape (``Protocol.error``: OpenAI's ``{"error": {...}}`` for chat and
+responses, Anthropic's ``{"type": "error", "error": {...}}`` for messages), so SDKs raise their ordinary API errors.
+Paths, error shapes and the conversation field come from ``protocols.PROTOCOLS``; nothing here names a protocol.
+
+    pytest tests/posttrain/agentic/test_gateway_guard.py
 
 The key file: JSON ``{"KEY": "PREFIX", ...}``, or one ``KEY PREFIX`` per line (``#`` comments).
 """
@@ -23,13 +26,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-_PATHS = {
-    "/v1/chat/completions": "chat",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-    "/v1/messages/count_tokens": "messages",
-    "/v1/models": "models",
-}
+from posttrain.agentic.protocols import PROTOCOLS, Protocol
+
+_PATHS: dict[str, Protocol] = {path: p for p in PROTOCOLS for path in (p.path, *p.extra_paths)}
+_PATHS["/v1/models"] = _OPENAI = PROTOCOLS[0]  # an OpenAI endpoint: OpenAI's error shape
 
 
 @dataclass(frozen=True)
@@ -78,27 +78,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def error_body(protocol: str, status: int, message: str, code: str) -> dict[str, Any]:
-    """The protocol's own error object."""
-    if protocol == "messages":
-        kind = {
-            401: "authentication_error",
-            403: "permission_error",
-            404: "not_found_error",
-            413: "request_too_large",
-        }.get(status, "invalid_request_error")
-        return {"type": "error", "error": {"type": kind, "message": message}}
-    kind = "invalid_request_error" if status != 401 else "authentication_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
-
-
 class Refused(Exception):
     def __init__(self, status: int, message: str, code: str) -> None:
         super().__init__(message)
         self.status, self.code = status, code
 
 
-def _route(path: str) -> tuple[str | None, str | None, str]:
+def _route(path: str) -> tuple[str | None, Protocol | None, str]:
     """(session from ``/s/{sid}``, protocol, the path without the session part)."""
     sid = None
     if path.startswith("/s/"):
@@ -115,8 +101,8 @@ def _key(headers: dict[str, str]) -> str | None:
     return headers.get("x-api-key", "").strip() or None
 
 
-def _check_body(body: dict[str, Any], protocol: str, limits: GatewayLimits) -> None:
-    items = body.get("input") if protocol == "responses" else body.get("messages")
+def _check_body(body: dict[str, Any], protocol: Protocol, limits: GatewayLimits) -> None:
+    items = body.get(protocol.items_field)
     if isinstance(items, list) and len(items) > limits.max_messages:
         raise Refused(400, f"{len(items)} messages > the limit of {limits.max_messages}", "too_many_messages")
     for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
@@ -160,7 +146,7 @@ class Guard:
             _check_body(parsed, protocol, self.limits)
         except Refused as r:
             self.refused += 1
-            await _respond(send, r.status, error_body(protocol or "chat", r.status, str(r), r.code))
+            await _respond(send, r.status, (protocol or _OPENAI).error(r.status, str(r), r.code))
             return
         await self.app(scope, _replay(body, receive), send)
 

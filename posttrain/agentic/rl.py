@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from posttrain import toolcall
 from posttrain.agentic.jail import SandboxConfig
 from posttrain.agentic.tasks import INFRA, HarnessRun, SimpleHarness, Task, coding_tasks, verify
 from posttrain.agentic.traces import TraceStore
@@ -79,24 +80,6 @@ def session_credit(
     return [out[i, : len(e["token_ids"])].tolist() for i, e in enumerate(exports)]
 
 
-def to_trajectory(store: TraceStore, session: str, reward: float) -> Trajectory:
-    """The session's path as a learner ``Trajectory``: prompt = tokens before the first response."""
-    ex = store.session_export(session)
-    start = ex["spans"][0][0]
-    req = Request(session, ex["token_ids"][:start], group_id=session.split(":", 1)[0])
-    t = Trajectory(
-        request=req,
-        token_ids=ex["token_ids"][start:],
-        logprobs=ex["logprobs"][start:],
-        versions=ex["versions"][start:],
-        loss_mask=ex["loss_mask"][start:],
-        finish_reason="stop",
-        reward=reward,
-    )
-    t.validate()
-    return t
-
-
 def train_step(learner: Any, trajs: list[Trajectory], token_adv: list[list[float]]) -> dict[str, float]:
     """One learner version (``Learner.update``) on per-token advantages aligned with each trajectory's ``token_ids``."""
     from posttrain.rl.learner import pack
@@ -117,9 +100,8 @@ def train_step(learner: Any, trajs: list[Trajectory], token_adv: list[list[float
 
 
 # -- a scripted agent policy ---------------------------------------------------------------------------
-def tool_call_text(name: str, arguments: dict[str, Any], text: str = "") -> str:
-    """What the model emits for a tool call in the tiny template's format."""
-    return text + "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+tool_call_text = toolcall.render
+"""What the model emits for a tool call (``posttrain/toolcall.py``)."""
 
 
 BEHAVIOURS = ("fix", "edit_tests", "break_p2p", "malformed_then_fix")
@@ -143,7 +125,8 @@ def behaviour_replies(task: Task, behaviour: str) -> list[str]:
         kept = "def " + fn + good.split("def " + fn, 1)[1].split("\n\n\n")[0]
         return [tool_call_text("write_file", {"path": path, "content": kept + "\n"}), "Done."]
     if behaviour == "malformed_then_fix":
-        return ['<tool_call>{"name": "write_file", oops</tool_call>', *behaviour_replies(task, "fix")[1:]]
+        bad = toolcall.OPEN + '{"name": "write_file", oops' + toolcall.CLOSE
+        return [bad, *behaviour_replies(task, "fix")[1:]]
     raise ValueError(behaviour)
 
 
@@ -265,7 +248,7 @@ class AgenticStage:
             a = loo_advantages(torch.tensor([rewards]))[0].tolist()
             for s, adv in zip(sessions, session_credit(self.store, sessions, a, weights)):
                 self._advs[s] = adv[self.store.session_export(s)["spans"][0][0] :]
-            groups.append([to_trajectory(self.store, s, rw) for s, rw in zip(sessions, rewards)])
+            groups.append([self.store.session_trajectory(s, rw) for s, rw in zip(sessions, rewards)])
             rewards_all += rewards
         self.step_index += 1
         # unjailed: sessions graded outside the jail (sandbox.allow_unjailed), said per step

@@ -33,6 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from posttrain import toolcall
 from posttrain.agentic.jail import (
     JailUnavailable,
     SandboxConfig,
@@ -357,9 +358,9 @@ class SimpleHarness:
             r = client.chat.completions.create(model=self.model, messages=msgs, tools=HARNESS_TOOLS)
             m = r.choices[0].message
             msgs.append(m.model_dump(exclude_none=True))
-            if not m.tool_calls and "<tool_call>" in (m.content or ""):
+            if not m.tool_calls and toolcall.OPEN in (m.content or ""):
                 # a tool call the gateway could not parse: say so and go on (a format error, not an answer)
-                feedback = "Error: malformed tool call; emit <tool_call>{json}</tool_call>"
+                feedback = f"Error: malformed tool call; emit {toolcall.OPEN}{{json}}{toolcall.CLOSE}"
                 events.append([ToolEvent("<malformed>", "", True, feedback)])
                 msgs.append({"role": "user", "content": feedback})
                 continue

@@ -1,10 +1,13 @@
 """The trace store: one incremental PrefixTree per session tree, persisted in SQLite (SPEC §C6).
 
 A node is either a *context* delta (system/user/tool text and template glue the gateway encoded;
-``loss_mask`` 0, labels −100) or an assistant *response* (the engine's output ids, their behaviour
-logprobs, versions and routed experts; ``loss_mask`` 1 unless the step is marked ``skip``: kept in
-context, excluded from the loss). A model call = a path root → … → context delta → response; its
-input ids are the path's ids, recorded exactly as fed to the engine, never re-tokenised.
+``loss_mask`` 0, labels −100) or an assistant *response*: the engine's ``Trajectory`` exactly as it returned it
+(output ids, behaviour logprobs, versions, routed experts, finish reason, rescored logprobs; ``Node.trajectory``,
+no copy in another form), trained on unless the step is marked ``skip`` (kept in context, excluded from the
+loss). A model call = a path root → … → context delta → response; its input ids are the path's ids, recorded
+exactly as fed to the engine (the trajectory's prompt, checked), never re-tokenised. Exports read the
+trajectories: ``session_export`` (per-token arrays of the session's path) and ``session_trajectory`` (that path
+as one learner ``Trajectory``).
 
 Trees: the API key ``GROUP:ROLLOUT`` puts the rollouts of one group in one tree (they share the
 header and any common turns, SPEC §C6); a key without ``:`` is its own tree. Longest-prefix matching
@@ -16,6 +19,8 @@ with where and why; the old branch stays. Everything is written to SQLite on eac
 crashed run keeps its traces; ``TraceStore(path)`` reloads them.
 
     store = TraceStore("traces.sqlite"); store.session_export("g:0")
+
+Tests: ``pytest tests/posttrain/agentic/test_traces.py``.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posttrain.rollout.types import Request, Trajectory
+
 CONTEXT, RESPONSE = "context", "response"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (id INTEGER PRIMARY KEY, tree TEXT, parent INTEGER, kind TEXT, text TEXT,
-  token_ids TEXT, logprobs TEXT, versions TEXT, experts TEXT, skip INTEGER DEFAULT 0, session TEXT);
+  token_ids TEXT, logprobs TEXT, versions TEXT, experts TEXT, skip INTEGER DEFAULT 0, session TEXT, trajectory TEXT);
 CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, seq INTEGER, session TEXT, tree TEXT, context_node INTEGER,
   response_node INTEGER, prompt_len INTEGER, output_len INTEGER, finish TEXT, protocol TEXT, meta TEXT);
 CREATE TABLE IF NOT EXISTS forks (id INTEGER PRIMARY KEY, session TEXT, tree TEXT, call_id TEXT, at_node INTEGER,
@@ -46,13 +53,26 @@ class Node:
     parent: int | None
     kind: str
     text: str
+    """The text ``token_ids`` decode to (prefix matching walks it)."""
     token_ids: list[int]
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    experts: Any = None
+    """A context delta's ids; a response's are its trajectory's (the same list)."""
+    trajectory: Trajectory | None = None
+    """A response: the engine's ``Trajectory`` as returned (None for a context delta)."""
     skip: bool = False
     session: str = ""
     children: list[int] = field(default_factory=list)
+
+    @property
+    def logprobs(self) -> list[float]:
+        return self.trajectory.logprobs if self.trajectory is not None else []
+
+    @property
+    def versions(self) -> list[int]:
+        return self.trajectory.versions if self.trajectory is not None else []
+
+    @property
+    def experts(self) -> Any:
+        return self.trajectory.routed_experts if self.trajectory is not None else None
 
 
 @dataclass
@@ -87,15 +107,20 @@ class TraceStore:
         # WAL + NORMAL: a commit survives a crash of this process (the run), not a power cut; no fsync per call
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(_SCHEMA)
+        if "trajectory" not in {r[1] for r in self.db.execute("PRAGMA table_info(nodes)")}:  # a store from before
+            self.db.execute("ALTER TABLE nodes ADD COLUMN trajectory TEXT")
         self._load()
 
     # -- persistence ---------------------------------------------------------------------------------
     def _load(self) -> None:
         for row in self.db.execute(
-            "SELECT id,tree,parent,kind,text,token_ids,logprobs,versions,experts,skip,session FROM nodes ORDER BY id"
+            "SELECT id,tree,parent,kind,text,token_ids,logprobs,versions,experts,skip,session,trajectory "
+            "FROM nodes ORDER BY id"
         ):
-            n = Node(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), json.loads(row[6]), json.loads(row[7]))
-            n.experts, n.skip, n.session = json.loads(row[8]), bool(row[9]), row[10]
+            n = Node(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), skip=bool(row[9]), session=row[10])
+            if n.kind == RESPONSE:
+                n.trajectory = _trajectory_of(row, self.path_ids(n.parent))
+                n.token_ids = n.trajectory.token_ids
             self._attach(n)
         for row in self.db.execute(
             "SELECT id,session,tree,context_node,response_node,prompt_len,output_len,finish,protocol,meta "
@@ -116,9 +141,15 @@ class TraceStore:
             self.nodes[n.parent].children.append(n.id)
 
     def _insert(self, n: Node) -> None:
+        rest = None
+        if n.trajectory is not None:  # the per-token fields have their columns; the prompt is the node's path
+            rest = n.trajectory.to_dict()
+            for k in ("token_ids", "logprobs", "versions", "routed_experts"):
+                del rest[k]
+            rest["request"]["prompt_ids"] = []
         cur = self.db.execute(
-            "INSERT INTO nodes (tree,parent,kind,text,token_ids,logprobs,versions,experts,skip,session) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO nodes (tree,parent,kind,text,token_ids,logprobs,versions,experts,skip,session,trajectory) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (
                 n.tree,
                 n.parent,
@@ -130,6 +161,7 @@ class TraceStore:
                 json.dumps(n.experts),
                 int(n.skip),
                 n.session,
+                None if rest is None else json.dumps(rest),
             ),
         )
         n.id = int(cur.lastrowid)
@@ -196,7 +228,8 @@ class TraceStore:
         session: str,
         parent: int | None,
         context: tuple[str, list[int]],
-        response: tuple[str, list[int], list[float], list[int], Any],
+        text: str,
+        trajectory: Trajectory,
         finish: str,
         protocol: str = "",
         meta: dict[str, Any] | None = None,
@@ -204,11 +237,15 @@ class TraceStore:
     ) -> dict[str, Any]:
         """Write one model call: the context delta after ``parent`` (reused if identical) and the response.
 
-        context: (text, ids) encoded by the gateway; response: (text, ids, logprobs, versions, experts).
+        context: (text, ids) the gateway encoded; ``trajectory``: the engine's, kept as it is, whose prompt must be
+        the path's ids + the context ids; ``text``: what its ids decode to.
         """
         tree = tree_of(session)
         with self._lock:
-            prompt_len = len(self.path_ids(parent)) + len(context[1])
+            prompt = self.path_ids(parent) + list(context[1])
+            if list(trajectory.prompt_ids) != prompt:
+                raise ValueError(f"{call_id}: the trajectory's prompt is not the stored path + context ids")
+            prompt_len = len(prompt)
             ctx_node = parent
             if context[1]:
                 hit = next(
@@ -218,19 +255,17 @@ class TraceStore:
                     hit = Node(0, tree, parent, CONTEXT, context[0], list(context[1]), session=session)
                     self._insert(hit)
                 ctx_node = hit.id
-            text, ids, lps, vers, experts = response
+            ids = trajectory.token_ids
             resp = next(  # an identical sample (same ids, same versions) after the same context is one node
                 (
                     c
                     for c in self.children(tree, ctx_node)
-                    if c.kind == RESPONSE and c.token_ids == list(ids) and c.versions == list(vers)
+                    if c.kind == RESPONSE and c.token_ids == ids and c.versions == trajectory.versions
                 ),
                 None,
             )
             if resp is None:
-                resp = Node(
-                    0, tree, ctx_node, RESPONSE, text, list(ids), list(lps), list(vers), experts, session=session
-                )
+                resp = Node(0, tree, ctx_node, RESPONSE, text, ids, trajectory, session=session)
                 self._insert(resp)
             seq = len(self.calls)
             meta = dict(meta or {})
@@ -333,5 +368,34 @@ class TraceStore:
                 out["segment_ids"] += [-1] * len(n.token_ids)
         return {**out, "spans": spans, "calls": calls, "n_segments": k}
 
+    def session_trajectory(self, session: str, reward: float) -> Trajectory:
+        """The session's exported path as one learner ``Trajectory``: prompt = the tokens before its first response,
+        then every later token (responses trained on unless skipped, context between them masked)."""
+        ex = self.session_export(session)
+        start = ex["spans"][0][0]
+        req = Request(session, ex["token_ids"][:start], group_id=tree_of(session))
+        t = Trajectory(
+            request=req,
+            token_ids=ex["token_ids"][start:],
+            logprobs=ex["logprobs"][start:],
+            versions=ex["versions"][start:],
+            loss_mask=ex["loss_mask"][start:],
+            finish_reason="stop",
+            reward=reward,
+        )
+        t.validate()
+        return t
+
     def close(self) -> None:
         self.db.close()
+
+
+def _trajectory_of(row: tuple, prompt_ids: list[int]) -> Trajectory:
+    """A response node's ``Trajectory`` from its row (``_insert``); rows written before the ``trajectory`` column
+    get one with the per-token fields only."""
+    ids, lps, vers, experts = (json.loads(row[i]) for i in (5, 6, 7, 8))
+    if row[11] is None:
+        return Trajectory(Request("", prompt_ids), ids, lps, vers, [1] * len(ids), experts)
+    d = json.loads(row[11])
+    d["request"]["prompt_ids"] = prompt_ids
+    return Trajectory.from_dict({**d, "token_ids": ids, "logprobs": lps, "versions": vers, "routed_experts": experts})

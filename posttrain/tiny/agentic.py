@@ -8,7 +8,7 @@ listed in the system turn; an assistant tool call rendered as
     <tool_call>{"name": NAME, "arguments": {...}}</tool_call>
 
 (``json.dumps`` with default separators, ``name`` before ``arguments``) right after the assistant's text
-and before ``<|im_end|>``. The gateway parses generated text in exactly this format (``chat.py``).
+and before ``<|im_end|>``: the markup ``posttrain/toolcall.py`` defines, which the gateway parses.
 
     python -c "from pathlib import Path; from posttrain.tiny.agentic import write_tiny_agentic; \\
 print(write_tiny_agentic(Path('/tmp/tiny-agentic')))"
@@ -19,8 +19,10 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from posttrain import toolcall
+
 IM_START, IM_END, EOS = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+TOOL_OPEN, TOOL_CLOSE = toolcall.OPEN, toolcall.CLOSE
 SPECIAL = (EOS, IM_START, IM_END)
 
 CHAT_TEMPLATE = (
@@ -30,13 +32,11 @@ CHAT_TEMPLATE = (
     "{%- if sys or tools -%}{{ '<|im_start|>system\\n' + sys }}"
     "{%- if tools -%}{{ '\\n\\n# Tools\\n<tools>' }}"
     "{%- for t in tools -%}{{ '\\n' + (t | tojson) }}{%- endfor -%}"
-    '{{ \'\\n</tools>\\nCall a tool with <tool_call>{"name": NAME, "arguments": ARGS}</tool_call>.\' }}'
+    "{{ '\\n</tools>\\nCall a tool with " + toolcall.TEMPLATE_HINT + ".' }}"
     "{%- endif -%}{{ '<|im_end|>\\n' }}{%- endif -%}"
     "{%- for m in rest -%}"
     "{%- if m.role == 'assistant' -%}{{ '<|im_start|>assistant\\n' + (m.content or '') }}"
-    "{%- for tc in m.tool_calls or [] -%}"
-    "{{ '<tool_call>' + ({'name': tc.function.name, 'arguments': tc.function.arguments} | tojson) + '</tool_call>' }}"
-    "{%- endfor -%}{{ '<|im_end|>\\n' }}"
+    "{%- for tc in m.tool_calls or [] -%}" + toolcall.TEMPLATE_CALL + "{%- endfor -%}{{ '<|im_end|>\\n' }}"
     "{%- else -%}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"

@@ -15,7 +15,6 @@ from posttrain.agentic.rl import (
     run_agentic,
     session_credit,
     session_steps,
-    to_trajectory,
     tool_call_text,
 )
 from posttrain.agentic.scripted import ScriptedTokenEngine
@@ -124,7 +123,7 @@ def test_c7_credit_on_stored_spans(served, task, tmp_path):
         expect = [[0.6], [0.0], [-0.3], [0.6]] if sid == "c7:0" else [[-0.6]] * 4
         assert per_span == [pytest.approx(x) for x in expect]
         assert all(v == 0 for v, m in zip(a, ex["loss_mask"]) if not m)  # zero on system/user/tool tokens
-    t = to_trajectory(gw.store, "c7:0", 1.0)
+    t = gw.store.session_trajectory("c7:0", 1.0)
     assert t.prompt_ids + t.token_ids == gw.store.session_export("c7:0")["token_ids"]
 
 
