@@ -240,7 +240,7 @@ def prepare_bulk(cfg: IndexJobConfig) -> None:
         )
         if n:
             raise BulkRefused(
-                f"collections {cfg.index.name}_s* at {cfg.index.uri} already hold {n} rows; bulk import only "
+                f"collections {ix.names} at {cfg.index.uri} already hold {n} rows; bulk import only "
                 "loads empty collections (it inserts, so stored ids would be duplicated). Add shards to a built "
                 "index without --bulk-dir (upserts skip stored crops), or drop the collections to re-import."
             )
