@@ -225,15 +225,22 @@ class WriteRows(_IndexDoFn):
         super().__init__(cfg)
         self.written = Metrics.counter(NAMESPACE, "crops_written")
         self.staged = Metrics.counter(NAMESPACE, "crops_staged")
+        self.skipped = Metrics.counter(NAMESPACE, "crops_skipped_existing")
 
     def process(self, batch: Sequence[PredictionResult]) -> Iterator[tuple[str, int]]:
         rows = [IndexRow.from_crop(r.example, r.inference[0], r.inference[1]) for r in batch]
         if rows and not getattr(self, "ready", False):
             self.index.ensure(len(rows[0].vector))  # also on the bulk path: creates the collections, checks dim
             self.ready = True
+        if rows and self.cfg.skip_existing and not self.cfg.bulk_dir:
+            # A crop held by two shard files can pass SkipStored in two batches before either is written (every
+            # skip check runs before RunInference): the later batch finds it here and does not write it again.
+            stored = self.index.existing(r.sha256 for r in rows)
+            self.skipped.inc(len(stored))
+            rows = [r for r in rows if r.sha256 not in stored]
         if self.cfg.bulk_dir:
             self.staged.inc(stage_batch(rows, self.cfg.bulk_dir, self.cfg.index.n_shards))
-        else:
+        elif rows:
             self.written.inc(self.index.upsert(rows))
         for r in batch:
             yield r.example.source, 1
