@@ -10,11 +10,22 @@ process; MinerU keeps about one core busy. The build is measured with ``scifolio
 with one Beam worker and no backend lane (``ParseConfig.backend_lanes=0``: MinerU then runs in one process,
 as in the bare loop, and only clean-up/crops overlap it), and, where that differs from the default, with
 one Beam worker per core. Each build starts from an empty output directory (no resumption).
+
+Steady state (``--pages N``): the samples are repeated, each copy made distinct by bytes appended after
+``%%EOF`` (a new content hash; readers ignore them), until the corpus has ≥ N pages, so start-up weighs little.
+The baseline is then the **same parser configuration at the same parallelism**: ``parsing.api.iter_parse``
+with the build's ``ParseConfig`` (the same parse worker and MinerU lanes), in as many processes as the build
+has Beam workers, each over its share of the files; the ratio is the job's own overhead (validation, crops,
+tokenising, chunking, shards, manifest, Beam), whatever the parser costs. Near-duplicate removal is off on
+the build side (the copies are near-duplicates by construction). The last line is ``steady_state_ratio: R``.
+
+    python benchmarks/build_throughput.py /work/shared/samples --pages 1000
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -54,7 +65,9 @@ LAYOUT = "fast"
 the bare MinerU loop, target >= 0.8x) unless ``--layout fused`` is given."""
 
 
-def build(paths_dir: Path, tokenizer: str, workers: int | None, lanes: int = 1) -> tuple[float, int]:
+def build(
+    paths_dir: Path, tokenizer: str, workers: int | None, lanes: int = 1, dedup: bool = True
+) -> tuple[float, int]:
     """One build from an empty output directory; ``workers=None`` takes ``scifolio build``'s local default.
     Returns (seconds, Beam workers used)."""
     from parsing import ParseConfig
@@ -66,6 +79,8 @@ def build(paths_dir: Path, tokenizer: str, workers: int | None, lanes: int = 1) 
     try:
         parse = ParseConfig(backend="mineru", tier="flash", backend_lanes=lanes, layout=LAYOUT)
         config = BuildConfig(tokenizer=tokenizer, parse=parse)
+        if not dedup:
+            config = dataclasses.replace(config, dedup=None)
         if workers is None:
             beam_args = local_beam_args(config)
         elif workers == 1:
@@ -83,11 +98,94 @@ def build(paths_dir: Path, tokenizer: str, workers: int | None, lanes: int = 1) 
         shutil.rmtree(out, ignore_errors=True)
 
 
+def repeat_corpus(paths: list[Path], min_pages: int) -> tuple[Path, list[Path], int]:
+    """Copies of ``paths`` with distinct content hashes until they hold ≥ ``min_pages`` pages."""
+    out = Path(tempfile.mkdtemp(prefix="bench-pages-"))
+    per = {p: count_pages([p]) for p in paths}
+    files, pages, k = [], 0, 0
+    while pages < min_pages:
+        for p in paths:
+            dst = out / f"{k:04d}-{p.name}"
+            dst.write_bytes(p.read_bytes() + f"\n%scifolio-copy-{k}\n".encode())
+            files.append(dst)
+            pages += per[p]
+        k += 1
+    return out, files, pages
+
+
+def _parse_share(args: tuple[list[str], object]) -> int:
+    from parsing.api import close_default_parser, iter_parse
+
+    files, config = args
+    n = 0
+    try:
+        for f in files:
+            for _ in iter_parse(Path(f).read_bytes(), f, config):
+                n += 1
+    finally:
+        close_default_parser()
+    return n
+
+
+def same_parser_loop(files: list[Path], lanes: int, workers: int) -> float:
+    """``iter_parse`` with the build's ParseConfig over ``files`` in ``workers`` processes (1 = this one)."""
+    from parsing import ParseConfig
+
+    config = ParseConfig(backend="mineru", tier="flash", backend_lanes=lanes, layout=LAYOUT)
+    shares = [[str(f) for f in files[i::workers]] for i in range(workers)]
+    t0 = time.perf_counter()
+    if workers == 1:
+        _parse_share((shares[0], config))
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            list(pool.map(_parse_share, [(s, config) for s in shares]))
+    return time.perf_counter() - t0
+
+
+def steady_state(pdf_paths: list[Path], min_pages: int, tokenizer: str) -> int:
+    from parsing import ParseConfig
+    from pipelines.assembly.build import BuildConfig
+    from pipelines.jobs.corpus import local_beam_args
+
+    corpus, files, pages = repeat_corpus(pdf_paths, min_pages)
+    lanes = ParseConfig().backend_lanes
+    workers = int(
+        next(
+            a
+            for a in local_beam_args(BuildConfig(tokenizer=tokenizer, parse=ParseConfig()))
+            if a.startswith("--direct_num_workers=")
+        ).split("=")[1]
+    )
+    print(
+        f"{len(files)} PDFs ({len(pdf_paths)} samples repeated), {pages} pages, {os.cpu_count()} cores, "
+        f"{workers} Beam worker(s) / parse processes, backend_lanes={lanes}",
+        flush=True,
+    )
+    try:
+        t_loop = same_parser_loop(files, lanes, workers)
+        print(
+            f"iter_parse loop, same ParseConfig, {workers} process(es): {t_loop:8.2f} s  {pages / t_loop:7.2f} pages/s",
+            flush=True,
+        )
+        t_build, used = build(corpus, tokenizer, workers=None, lanes=lanes, dedup=False)
+        print(
+            f"scifolio build, default ({used} Beam worker(s)):       {t_build:8.2f} s  {pages / t_build:7.2f} pages/s"
+        )
+    finally:
+        shutil.rmtree(corpus, ignore_errors=True)
+    print(f"steady_state_ratio: {t_loop / t_build:.3f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("pdf_dir", nargs="?", default=str(ROOT.parent / "shared" / "samples"))
     ap.add_argument("--tokenizer", default=None, help="tokenizer path (default: a freshly trained tiny one)")
     ap.add_argument("--layout", default="fast", choices=["fast", "fused"], help="the builds' --layout (default fast)")
+    ap.add_argument("--pages", type=int, default=None, help="steady state: repeat the samples to >= N pages")
     args = ap.parse_args()
     global LAYOUT
     LAYOUT = args.layout
@@ -104,6 +202,8 @@ def main() -> int:
         from pipelines.tiny import write_tiny_tokenizer
 
         tokenizer = str(write_tiny_tokenizer(Path(tempfile.mkdtemp()) / "tok"))
+    if args.pages:
+        return steady_state(paths, args.pages, tokenizer)
     pages = count_pages(paths)
     print(f"{len(paths)} PDFs, {pages} pages, {os.cpu_count()} cores")
 

@@ -10,9 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+_PAGE_ID = re.compile(r"^([0-9a-f]{64}):(\d+)$")
+
+
+def page_id(doc_id: str, page_index: int) -> str:
+    """The id of a page (``doc_id:page_index``): dead letters of a page and page provenance use it."""
+    return f"{doc_id}:{int(page_index)}"
+
+
+def split_page_id(item_id: str) -> tuple[str, int] | None:
+    """``(doc_id, page_index)`` of a page id, or None for any other item id (a document's, an input path)."""
+    m = _PAGE_ID.match(item_id)
+    return (m.group(1), int(m.group(2))) if m else None
+
 
 BlockKind = Literal[
     "text",
@@ -189,7 +204,7 @@ class Page:
 
     @property
     def page_id(self) -> str:
-        return f"{self.doc_id}:{self.page_index}"
+        return page_id(self.doc_id, self.page_index)
 
     @property
     def crops(self) -> list[Crop]:

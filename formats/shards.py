@@ -295,15 +295,43 @@ def shard_name(index: int, n_shards: int) -> str:
 SHARD_NAME = re.compile(r"^shard-\d{5}-of-\d{5}\.parquet$")
 
 
-def entry_for(path: str | os.PathLike[str], rows: int, tokens: int) -> dict[str, Any]:
-    """The manifest entry of a written shard file."""
+def entry_for(
+    path: str | os.PathLike[str], rows: int, tokens: int, sha256: str | None = None, size: int | None = None
+) -> dict[str, Any]:
+    """The manifest entry of a written shard file (hashed from disk unless the writer hashed what it wrote)."""
     return {
         "file": os.path.basename(str(path)),
         "rows": rows,
         "tokens": tokens,
-        "sha256": file_sha256(path),
-        "bytes": fs.size(path),
+        "sha256": file_sha256(path) if sha256 is None else sha256,
+        "bytes": fs.size(path) if size is None else size,
     }
+
+
+class _Hashing:
+    """A write-only file that hashes and counts the bytes going through it, so a writer knows the sha256 of
+    what it wrote without reading the file back."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        self.f.write(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def close(self) -> None:  # the underlying file is committed by its own context manager
+        self.closed = True
 
 
 def write_shard(
@@ -324,7 +352,8 @@ class ShardWriter:
         self.path = str(path)
         self.row_group_size = row_group_size
         self._out = fs.open_output(self.path)
-        self._writer = pq.ParquetWriter(self._out.__enter__(), SHARD_SCHEMA, compression="zstd")
+        self._file = _Hashing(self._out.__enter__())
+        self._writer = pq.ParquetWriter(self._file, SHARD_SCHEMA, compression="zstd")
         self.rows = self.tokens = 0
 
     def write_table(self, table: pa.Table) -> None:
@@ -336,7 +365,7 @@ class ShardWriter:
     def close(self) -> dict[str, Any]:
         self._writer.close()
         self._out.__exit__(None, None, None)
-        return entry_for(self.path, self.rows, self.tokens)
+        return entry_for(self.path, self.rows, self.tokens, self._file.sha.hexdigest(), self._file.size)
 
 
 def read_table(path: str | os.PathLike[str]) -> pa.Table:
@@ -441,6 +470,15 @@ class ShardFile:
     def num_rows(self) -> int:
         with fs.open_input(self.path) as f:
             return pq.ParquetFile(f).metadata.num_rows
+
+
+def table_chunks(table: pa.Table, parts: Sequence[str] = PARTS) -> Iterator[ChunkRow]:
+    """The rows of an in-memory table in the shard schema (what a shard writer holds) as :class:`ChunkRow`,
+    decoding only ``parts`` besides the key columns."""
+    cols = ShardFile("")._columns(parts)
+    for batch in table.select(cols).to_batches(max_chunksize=64):
+        for row in batch.to_pylist():
+            yield ChunkRow.from_row(row)
 
 
 def iter_chunks(path: str | os.PathLike[str], parts: Sequence[str] = PARTS) -> Iterator[ChunkRow]:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from formats.records import Document, Dropped, Page, sha256_hex
+from formats.records import Document, Dropped, Page, page_id, sha256_hex, split_page_id
 from parsing.backends import BackendUnavailable, ensure_mineru_env
 from parsing.config import ParseConfig
 from parsing.validate import quick_checks
@@ -153,7 +153,7 @@ class Parser:
         queue: list[tuple[list[int] | None, int]] = [(None, config.page_window)]
 
         def page_drop(i: int, reason: str, **detail: Any) -> Dropped:
-            return Dropped(f"{doc_id}:{i}", "parse", reason, {"source": source, **detail})
+            return Dropped(page_id(doc_id, i), "parse", reason, {"source": source, **detail})
 
         while queue:
             pages, window_size = queue.pop(0)
@@ -300,7 +300,7 @@ class Parser:
                             continue
                         # Progress: the next page the finishers hold has its own page timeout from now.
                         deadline = min(doc_deadline, max(deadline, now + page_s + FINISH_GRACE_S))
-                        idx = payload.page_index if kind == "page" else int(payload.item_id.rsplit(":", 1)[1])
+                        idx = payload.page_index if kind == "page" else split_page_id(payload.item_id)[1]
                         if idx not in done_pages:
                             done_pages.add(idx)
                             yield payload

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from formats.outcomes import is_infrastructure_error
-from formats.records import Block, Document, Dropped, Page
+from formats.records import Block, Document, Dropped, Page, page_id
 from parsing.backends import LayoutBackend, ParsedPage, make_backend, with_order
 from parsing.config import ParseConfig
 from parsing.crops import crop_blocks, render_page
@@ -134,7 +134,7 @@ def backend_window(
         r = results.get(i)
         if r is None:
             r = Dropped(
-                f"{document.doc_id}:{i}",
+                page_id(document.doc_id, i),
                 "parse",
                 "backend_error",
                 {"source": document.source, "detail": "the backend returned no result for this page"},
@@ -188,7 +188,7 @@ def finish_page(page: pymupdf.Page, document: Document, parsed: ParsedPage, conf
         return _finish_page(page, document, parsed, config)
     except Exception as exc:  # rendering a crop failed: quarantine the page, keep the document
         return Dropped(
-            f"{document.doc_id}:{page.number}",
+            page_id(document.doc_id, page.number),
             "parse",
             "render_error",
             {"source": document.source, "detail": f"{type(exc).__name__}: {exc}"},
@@ -244,7 +244,7 @@ def _run_backend(
         if len(pages) == 1:
             return {
                 pages[0]: Dropped(
-                    f"{document.doc_id}:{pages[0]}",
+                    page_id(document.doc_id, pages[0]),
                     "parse",
                     "infrastructure" if is_infrastructure_error(exc) else "backend_error",
                     {

@@ -219,7 +219,7 @@ def _pipelined(
     the backend. The parent's own deadlines only catch what hangs in this process (the backend itself)."""
     from concurrent.futures.process import BrokenProcessPool
 
-    from formats.records import Dropped
+    from formats.records import Dropped, page_id
     from parsing.core import backend_window
 
     tracker = _Tracker(helpers, config.page_timeout_s)
@@ -228,7 +228,7 @@ def _pipelined(
 
     def timeout_drop(i: int, where: str) -> Dropped:
         return Dropped(
-            f"{document.doc_id}:{i}",
+            page_id(document.doc_id, i),
             "parse",
             "timeout",
             {"source": document.source, "detail": f"page exceeded page_timeout_s={config.page_timeout_s} ({where})"},

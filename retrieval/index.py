@@ -1,8 +1,16 @@
-"""Sharded Milvus index of image crops: N collections ``<name>_s00 … s{N-1}``, shard = hash of the crop's sha256.
+"""Milvus index of image crops: one collection that Milvus shards itself, or N fan-out collections.
 
-The same code runs against Milvus Lite (a local file, ``./index.db``, the default) and a Milvus server or
-cluster (``http://host:19530``). Upserts are keyed by sha256, so re-ingesting a shard changes nothing.
-Search fans out to every collection concurrently, takes a per-shard top-k and merges by score.
+Layouts (``IndexConfig.n_shards``):
+- 1 (the default): one collection ``<name>`` created with ``shards_num`` (Milvus's own sharding: writes spread
+  over its channels, query nodes search the shards in parallel) and a partition key (``doc_id``, hashed by
+  Milvus into ``num_partitions`` buckets). This is what a server or cluster runs at scale.
+- N > 1 (``--collections N``): collections ``<name>_s00 … s{N-1}``, a crop routed by its sha256, search fanned
+  out and merged. It earns its place only across deployments (a ``{shard}`` URI template: several Lite files
+  or several clusters); on one server it costs 1.26–1.41× the latency of one collection
+  (benchmarks/results/index.md). ``scifolio index migrate`` moves an old fan-out layout into one collection.
+
+The same code runs against Milvus Lite (a local file, ``./index.db``; it has no ``shards_num``) and a Milvus
+server or cluster (``http://host:19530``). Upserts are keyed by sha256, so re-ingesting a shard changes nothing.
 
     python -c "from retrieval.index import *; ix = ShardedIndex(IndexConfig('./index.db')); print(ix.count())"
 """
@@ -54,9 +62,18 @@ class IndexConfig:
     uri: str = "./index.db"
     """Milvus Lite file (``*.db``) or server URI (``http://127.0.0.1:19530``)."""
     name: str = "crops"
-    """Collection name prefix; collections are ``<name>_s00`` … ``<name>_s{N-1}``."""
-    n_shards: int = 4
-    """Number of collections; a crop lives in ``shard_of(sha256, n_shards)``. Fixed once data is written."""
+    """Collection name: the collection itself when ``n_shards`` is 1, else the prefix of ``<name>_s00`` …"""
+    n_shards: int = 1
+    """Number of collections. 1: one collection sharded by Milvus (``shards_num``, ``partition_key``). N > 1: the
+    fan-out layout, a crop in ``shard_of(sha256, n_shards)`` (Milvus Lite; several deployments). Fixed once
+    data is written; ``scifolio index migrate`` moves a fan-out index into one collection."""
+    shards_num: int = 2
+    """Milvus shards (DML channels) of each collection on a server; Milvus Lite ignores it. Fixed at creation."""
+    partition_key: str = "doc_id"
+    """Field Milvus hashes into ``num_partitions`` partitions ("" = none): a document's crops share a partition,
+    so ``doc_id`` filters search one partition. Fixed at creation."""
+    num_partitions: int = 16
+    """Partitions behind the partition key on a server (Milvus' default is 16 in 2.4, 64 in 2.3)."""
     index_type: str = "HNSW"
     """HNSW (default), IVF_SQ8, IVF_FLAT, FLAT, AUTOINDEX; IVF_PQ / DISKANN on a real cluster only."""
     metric: str = "IP"
@@ -76,13 +93,36 @@ class IndexConfig:
     def __post_init__(self) -> None:
         if self.n_shards < 1:
             raise ValueError("n_shards must be >= 1")
+        if self.shards_num < 1:
+            raise ValueError("shards_num must be >= 1")
         if self.index_type.upper() not in DEFAULT_BUILD_PARAMS:
             raise ValueError(f"unknown index_type {self.index_type!r}; expected one of {sorted(DEFAULT_BUILD_PARAMS)}")
+        if self.partition_key not in ("", *PARTITION_KEY_FIELDS):
+            raise ValueError(
+                f"partition_key must be one of {PARTITION_KEY_FIELDS} or empty, got {self.partition_key!r}"
+            )
         object.__setattr__(self, "index_type", self.index_type.upper())
 
     @property
     def is_lite(self) -> bool:
-        return not self.uri.startswith(("http://", "https://", "tcp://", "unix:"))
+        return is_lite_uri(self.uri)
+
+
+PARTITION_KEY_FIELDS = ("doc_id", "kind")
+
+
+def is_lite_uri(uri: str) -> bool:
+    return not uri.startswith(("http://", "https://", "tcp://", "unix:"))
+
+
+# Index type per scale on a server, from benchmarks/results/index_scale.json (see infra/milvus/CAPACITY.md):
+# HNSW while the graph fits in query-node memory, IVF_SQ8 (¼ of the raw vector bytes) beyond.
+SCALE_INDEX: tuple[tuple[int, str], ...] = ((5_000_000, "HNSW"), (10**15, "IVF_SQ8"))
+
+
+def index_for_scale(n_vectors: int) -> str:
+    """The index type for a collection expected to hold ``n_vectors`` rows (``SCALE_INDEX``)."""
+    return next(t for limit, t in SCALE_INDEX if n_vectors <= limit)
 
 
 @dataclass(frozen=True)
@@ -167,6 +207,11 @@ def shard_of(sha256: str, n_shards: int) -> int:
 
 
 def collection_names(name: str, n_shards: int) -> list[str]:
+    """One collection ``name`` (Milvus shards it), or the fan-out family ``name_s00 …`` for N > 1."""
+    return [name] if n_shards == 1 else fanout_names(name, n_shards)
+
+
+def fanout_names(name: str, n_shards: int) -> list[str]:
     return [f"{name}_s{i:02d}" for i in range(n_shards)]
 
 
@@ -204,11 +249,12 @@ def search_params(index_type: str, metric: str, k: int, params: Mapping[str, Any
 
 
 class ShardedCollections:
-    """Connection and life cycle of N collections ``<name>_s00 …`` at one URI (or a ``{shard}`` URI template),
-    shared by the crop index (:class:`ShardedIndex`) and the key-vector stores (``retrieval.vectors``).
+    """Connection and life cycle of one collection ``<name>`` or N collections ``<name>_s00 …`` at one URI (or a
+    ``{shard}`` URI template), shared by the crop index (:class:`ShardedIndex`) and the key-vector stores
+    (``retrieval.vectors``).
 
-    The subclass sets ``config`` (with ``uri``, ``token``, ``consistency``, ``name``, ``n_shards``) before calling
-    ``__init__``'s body through ``super().__init__()``."""
+    The subclass sets ``config`` (with ``uri``, ``token``, ``consistency``, ``name``, ``n_shards``, ``shards_num``)
+    before calling ``__init__``'s body through ``super().__init__()``."""
 
     config: Any
 
@@ -275,12 +321,18 @@ class ShardedCollections:
         for i, name in enumerate(self.names):
             client = self.cl(i)
             if not client.has_collection(name):
+                create = {}
+                if not is_lite_uri(self.uri_of(i)):  # Milvus Lite has no shards_num
+                    create["shards_num"] = self.config.shards_num
+                    if any(f.is_partition_key for f in schema.fields):
+                        create["num_partitions"] = self.config.num_partitions
                 try:
                     client.create_collection(
                         name,
                         schema=schema,
                         index_params=index_params(client, field, index_type, metric, build_params),
                         consistency_level=self.config.consistency,
+                        **create,
                     )
                 except Exception:
                     if not client.has_collection(name):
@@ -290,6 +342,27 @@ class ShardedCollections:
                 raise ValueError(f"index {self.config.name!r} holds {existing}-d vectors, the model gives {dim}-d")
             self._load(client, i)
             self._loaded.add(i)
+
+    def write_rows(self, shard: int, rows: list[dict[str, Any]]) -> int:
+        """Upsert entity dicts into collection ``shard`` (keyed by the primary key). Returns rows written.
+
+        On a server with a partition key this is delete + insert: Milvus before 2.3.10/2.4 hashes the wrong
+        field when an upsert computes the partition (milvus-io/milvus#30607, fixed by #30772), so the 2.3.5 server
+        put upserted rows into partitions where a partition-key filter never looks (measured in
+        tests/retrieval/test_index_layout.py). A crash between the two leaves the row absent, never duplicated:
+        resume sees it missing and writes it again."""
+        client = self.cl(shard)
+        if getattr(self.config, "partition_key", "") and not is_lite_uri(self.uri_of(shard)):
+            pk = self._primary(shard)
+            client.delete(self.names[shard], ids=[r[pk] for r in rows])
+            return int(client.insert(self.names[shard], rows)["insert_count"])
+        return int(client.upsert(self.names[shard], rows)["upsert_count"])
+
+    def _primary(self, shard: int) -> str:
+        if not hasattr(self, "_pk"):
+            desc = self.cl(shard).describe_collection(self.names[shard])
+            self._pk = next(f["name"] for f in desc["fields"] if f.get("is_primary"))
+        return self._pk
 
     def drop(self) -> None:
         for i, name in enumerate(self.names):
@@ -341,8 +414,9 @@ class ShardedIndex(ShardedCollections):
         s.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
         s.add_field("caption", DataType.VARCHAR, max_length=MAX_CAPTION)
         s.add_field("context", DataType.VARCHAR, max_length=MAX_CONTEXT)
-        s.add_field("kind", DataType.VARCHAR, max_length=16)
-        s.add_field("doc_id", DataType.VARCHAR, max_length=64)
+        pk = self.config.partition_key
+        s.add_field("kind", DataType.VARCHAR, max_length=16, is_partition_key=pk == "kind")
+        s.add_field("doc_id", DataType.VARCHAR, max_length=64, is_partition_key=pk == "doc_id")
         s.add_field("page_index", DataType.INT32)
         s.add_field("source", DataType.VARCHAR, max_length=MAX_SOURCE)
         s.add_field("row", DataType.INT64)
@@ -358,6 +432,10 @@ class ShardedIndex(ShardedCollections):
         c = self.config
         self._ensure(dim, self._schema(dim), "vector", c.index_type, c.metric, c.build_params)
 
+    def route(self, sha256: str) -> int:
+        """Collection of a crop (always 0 in the one-collection layout)."""
+        return shard_of(sha256, self.config.n_shards)
+
     # -- writes -----------------------------------------------------------------------------------------------
     def upsert(self, rows: Sequence[IndexRow]) -> int:
         """Upsert rows into their shards (keyed by sha256: idempotent). Returns rows written."""
@@ -365,11 +443,7 @@ class ShardedIndex(ShardedCollections):
         for r in rows:
             # Last write wins inside one call too, so a batch holding the same crop twice stores it once.
             by_shard.setdefault(shard_of(r.sha256, self.config.n_shards), {})[r.sha256] = r.to_entity()
-        n = 0
-        for shard, ents in by_shard.items():
-            res = self.cl(shard).upsert(self.names[shard], list(ents.values()))
-            n += int(res["upsert_count"])
-        return n
+        return sum(self.write_rows(shard, list(ents.values())) for shard, ents in by_shard.items())
 
     def _by_shard(self, ids: Iterable[str]) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
@@ -473,23 +547,98 @@ class ShardedIndex(ShardedCollections):
 
 
 def discover_n_shards(uri: str, name: str, token: str = "") -> int:
-    """Number of ``<name>_sNN`` collections at ``uri`` (so query-side commands need no --shards). Checks that
-    they are exactly s00 … s{N-1}: a gap means a half-created or half-dropped index."""
+    """Layout of the index ``name`` at ``uri`` (so query-side commands need no --collections): 1 when the
+    collection ``name`` exists, else the number of fan-out collections ``<name>_sNN``, checked to be exactly
+    s00 … s{N-1} (a gap means a half-created or half-dropped index). A lone ``<name>_s00`` (an old one-collection
+    index) must be migrated first: its name is not the one-collection layout's."""
     from pymilvus import MilvusClient
 
     if "{shard}" in uri:
-        raise ValueError("a per-shard URI template needs an explicit --shards")
+        raise ValueError("a per-shard URI template needs an explicit --collections")
     client = MilvusClient(uri=uri, token=token)
     try:
-        pat = re.compile(rf"^{re.escape(name)}_s(\d{{2,}})$")
-        found = sorted(int(m.group(1)) for c in client.list_collections() if (m := pat.match(c)))
+        have = client.list_collections()
     finally:
         client.close()
+    if name in have:
+        return 1
+    found = fanout_collections(have, name)
     if not found:
-        raise ValueError(f"no collections named {name}_sNN at {uri}; build the index first")
+        raise ValueError(f"no collection {name} (or {name}_sNN) at {uri}; build the index first")
     if found != list(range(len(found))):
         raise ValueError(f"collections {name}_s* at {uri} are not contiguous: {found}")
+    if len(found) == 1:
+        raise ValueError(f"{name}_s00 at {uri} is an old one-collection index: run `scifolio index migrate`")
     return len(found)
+
+
+def fanout_collections(collections: Iterable[str], name: str) -> list[int]:
+    """Shard numbers of the fan-out collections ``<name>_sNN`` among ``collections``, sorted."""
+    pat = re.compile(rf"^{re.escape(name)}_s(\d{{2,}})$")
+    return sorted(int(m.group(1)) for c in collections if (m := pat.match(c)))
+
+
+def migrate_fanout(target: ShardedCollections, batch: int = 2000, drop_old: bool = False) -> dict[str, int]:
+    """Copy every row of the fan-out collections ``<name>_sNN`` at ``target``'s URI into ``target``'s layout (one
+    collection sharded by Milvus, or another number of collections), with the same fields and vectors.
+
+    Works for any collection family on :class:`ShardedCollections` (the crop index, the Memory Decoder store):
+    rows are copied as stored, primary key first, through upserts, so a migration interrupted and run again
+    finishes without duplicates. The old collections are dropped only when ``drop_old`` and every primary key
+    is found in the target afterwards. Returns ``{"collections", "rows_read", "rows_written", "rows_in_target"}``."""
+    from pymilvus import MilvusClient
+
+    cfg = target.config
+    if "{shard}" in cfg.uri:
+        raise ValueError("migrate one URI at a time (a {shard} template is already a per-deployment layout)")
+    src = MilvusClient(uri=cfg.uri, token=cfg.token)
+    try:
+        old = [f"{cfg.name}_s{i:02d}" for i in fanout_collections(src.list_collections(), cfg.name)]
+        old = [n for n in old if n not in target.names]
+        if not old:
+            raise ValueError(f"no fan-out collections {cfg.name}_sNN at {cfg.uri} to migrate")
+        desc = src.describe_collection(old[0])
+        fields = [f["name"] for f in desc["fields"]]
+        pk = next(f["name"] for f in desc["fields"] if f.get("is_primary"))
+        vec = next(f for f in desc["fields"] if "dim" in f.get("params", {}))
+        target.ensure(int(vec["params"]["dim"]))
+        keys: set = set()
+        read = written = 0
+        for name in old:
+            src.load_collection(name)
+            it = src.query_iterator(name, filter="", output_fields=fields, batch_size=batch, consistency_level="Strong")
+            try:
+                while rows := it.next():
+                    read += len(rows)
+                    keys.update(r[pk] for r in rows)
+                    by_shard: dict[int, list[dict[str, Any]]] = {}
+                    for r in rows:
+                        by_shard.setdefault(target.route(r[pk]), []).append({f: r[f] for f in fields})
+                    for s, group in by_shard.items():
+                        written += target.write_rows(s, group)
+            finally:
+                it.close()
+        target.flush()
+        missing = len(keys) - sum(
+            len(target.cl(s).get(target.names[s], ids=part, output_fields=[pk], consistency_level="Strong"))
+            for s, group in _group(keys, target.route).items()
+            for part in (group[i : i + 1000] for i in range(0, len(group), 1000))
+        )
+        if missing:
+            raise RuntimeError(f"migration lost {missing} of {len(keys)} rows; the old collections are kept")
+        if drop_old:
+            for name in old:
+                src.drop_collection(name)
+    finally:
+        src.close()
+    return {"collections": len(old), "rows_read": read, "rows_written": written, "rows_in_target": target.count()}
+
+
+def _group(keys: Iterable, route) -> dict[int, list]:
+    out: dict[int, list] = {}
+    for k in keys:
+        out.setdefault(route(k), []).append(k)
+    return out
 
 
 # -- bulk path ---------------------------------------------------------------------------------------------------

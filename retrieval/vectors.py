@@ -1,5 +1,6 @@
-"""Sharded key-vector store on Milvus: rows ``(id int64, key float vector, value int64)`` in N collections
-``<name>_s00 … s{N-1}``, shard = a mix of the id. The Memory Decoder's token datastore lives here (a prefix's
+"""Key-vector store on Milvus: rows ``(id int64, key float vector, value int64)`` in one collection ``<name>``
+sharded by Milvus (``shards_num``; the default, as for the crop index), or N fan-out collections
+``<name>_s00 … s{N-1}``, shard = a mix of the id (Milvus Lite; ``retrieval.index.migrate_fanout`` moves them). The Memory Decoder's token datastore lives here (a prefix's
 hidden state → the next token id), in a collection family of its own beside the crop index.
 
 The same code runs against Milvus Lite (a local ``*.db`` file, the default) and a Milvus server/cluster URI.
@@ -38,9 +39,12 @@ class VectorStoreConfig:
     uri: str = "./memdec.db"
     """Milvus Lite file (``*.db``) or server URI (``http://127.0.0.1:19530``); ``{shard}`` = one file per shard."""
     name: str = "memdec"
-    """Collection name prefix; collections are ``<name>_s00`` … ``<name>_s{N-1}``."""
-    n_shards: int = 2
-    """Number of collections; a row lives in ``shard_of_ids(id, n_shards)``. Fixed once data is written."""
+    """Collection name (``n_shards`` 1), else the prefix of ``<name>_s00`` … ``<name>_s{N-1}``."""
+    n_shards: int = 1
+    """Number of collections: 1 = one collection sharded by Milvus (``shards_num``); N > 1 = fan-out, a row in
+    ``shard_of_ids(id, n_shards)``. Fixed once data is written."""
+    shards_num: int = 2
+    """Milvus shards of each collection on a server; Milvus Lite ignores it."""
     index_type: str = "HNSW"
     """HNSW (default), FLAT (exact, what tests use), IVF_FLAT, IVF_SQ8, AUTOINDEX; DISKANN on a cluster."""
     metric: str = "L2"
@@ -57,8 +61,8 @@ class VectorStoreConfig:
     """Read consistency: Strong makes every acknowledged upsert visible to counts, gets and resume checks."""
 
     def __post_init__(self) -> None:
-        if self.n_shards < 1:
-            raise ValueError("n_shards must be >= 1")
+        if self.n_shards < 1 or self.shards_num < 1:
+            raise ValueError("n_shards and shards_num must be >= 1")
         if self.index_type.upper() not in DEFAULT_BUILD_PARAMS:
             raise ValueError(f"unknown index_type {self.index_type!r}; expected one of {sorted(DEFAULT_BUILD_PARAMS)}")
         if self.metric.upper() not in ("L2", "IP"):
@@ -137,6 +141,10 @@ class ShardedVectorStore(ShardedCollections):
     def dim(self) -> int:
         return self._vector_dim(0, "key")
 
+    def route(self, id_: int) -> int:
+        """Collection of a row id (always 0 in the one-collection layout)."""
+        return int(shard_of_ids(np.array([id_]), self.config.n_shards)[0])
+
     # -- writes -----------------------------------------------------------------------------------------------
     def upsert(self, ids: np.ndarray, keys: np.ndarray, values: np.ndarray, batch: int = 10_000) -> int:
         """Upsert rows into their shards, keyed by id (idempotent: a replayed batch stores each row once).
@@ -155,7 +163,7 @@ class ShardedVectorStore(ShardedCollections):
             for start in range(0, len(sel), batch):
                 part = sel[start : start + batch]
                 rows = [{"id": int(ids[j]), "key": keys[j], "value": int(values[j])} for j in part]
-                n += int(self.cl(s).upsert(self.names[s], rows)["upsert_count"])
+                n += self.write_rows(s, rows)
         return n
 
     # -- reads ------------------------------------------------------------------------------------------------

@@ -358,10 +358,20 @@ def n_shards_for(n_docs: int, docs_per_shard: int) -> int:
 
 
 def write_shard_from_docs(
-    store: WorkStore, out_dir: str | os.PathLike[str], index: int, n_shards: int, doc_ids: Iterable[str]
+    store: WorkStore,
+    out_dir: str | os.PathLike[str],
+    index: int,
+    n_shards: int,
+    doc_ids: Iterable[str],
+    seen: Callable[[pa.Table], None] | None = None,
 ) -> dict[str, Any]:
-    """Stream the finished documents of one shard, sorted by doc_id, into one parquet file (committed whole)."""
+    """Stream the finished documents of one shard, sorted by doc_id, into one parquet file (committed whole).
+    ``seen`` gets each document's table as it is written (the manifest's facts come from there, not from
+    reading the shard back)."""
     writer = ShardWriter(fs.join(out_dir, shard_name(index, n_shards)))
     for doc_id in sorted(set(doc_ids)):
-        writer.write_table(read_table(store.table_path(doc_id)).sort_by("chunk_index"))
+        table = read_table(store.table_path(doc_id)).sort_by("chunk_index")
+        writer.write_table(table)
+        if seen is not None:
+            seen(table)
     return writer.close()

@@ -1,7 +1,9 @@
 """``scifolio index build|query|serve|weights``: the image index from the command line.
 
-    scifolio index build --shards out --uri ./index.db --collections 4 --embed-model tiny/retrieval/clip
-    scifolio index build --shards out --uri http://127.0.0.1:19530 --embed-model M --bulk-dir /data/bulk
+    scifolio index build --shards out --uri ./index.db --embed-model tiny/retrieval/clip
+    scifolio index build --shards out --uri http://127.0.0.1:19530 --shards-num 4 --embed-model M --bulk-dir /data/bulk
+    scifolio index build --shards out --uri ./index.db --collections 4 --embed-model M   # fan-out layout
+    scifolio index migrate --uri http://127.0.0.1:19530 --name crops --drop-old         # crops_sNN → crops
     scifolio index query "phase diagram" --uri ./index.db --embed-model tiny/retrieval/clip --k 5
     scifolio index query --image fig.png --embed-model M --captioner C --reranker R --rerank
     scifolio index serve --uri ./index.db --embed-model M --captioner C --reranker R --shards out
@@ -32,13 +34,17 @@ def _index_args(p: argparse.ArgumentParser, build: bool = False) -> None:
         help=f"Milvus Lite file (default {d('uri')}) or server URI, e.g. http://127.0.0.1:19530",
     )
     g.add_argument(
-        "--name", default=d("name"), help=f"collection prefix (collections <name>_s00…; default {d('name')})"
+        "--name",
+        default=d("name"),
+        help=f"collection name (the prefix of <name>_s00… with --collections N > 1; default {d('name')})",
     )
     g.add_argument(
         "--collections",
         type=int,
         default=d("n_shards") if build else None,
-        help="number of shard collections" + (f" (default {d('n_shards')})" if build else " (default: discovered)"),
+        help="number of collections: 1 = one collection sharded by Milvus (--shards-num), N > 1 = fan-out "
+        "collections <name>_sNN (Milvus Lite, several deployments)"
+        + (f" (default {d('n_shards')})" if build else " (default: discovered)"),
     )
     g.add_argument("--token", default="", help="auth token for a secured Milvus server")
     if build:
@@ -48,6 +54,17 @@ def _index_args(p: argparse.ArgumentParser, build: bool = False) -> None:
             help="HNSW (default), IVF_SQ8, IVF_FLAT, FLAT, AUTOINDEX; IVF_PQ/DISKANN on a cluster",
         )
         g.add_argument("--index-params", default=None, help="JSON build params, e.g. '{\"M\": 32}'")
+        g.add_argument(
+            "--shards-num",
+            type=int,
+            default=d("shards_num"),
+            help=f"Milvus shards of each new collection on a server (default {d('shards_num')}; Lite ignores it)",
+        )
+        g.add_argument(
+            "--partition-key",
+            default=d("partition_key"),
+            help=f"field Milvus hashes into partitions: doc_id, kind or '' (default {d('partition_key')})",
+        )
 
 
 def _model_args(p: argparse.ArgumentParser, captioner: bool = True, reranker: bool = True) -> None:
@@ -69,6 +86,8 @@ def _index_config(args: argparse.Namespace, build: bool = False):
         kw = {
             "index_type": args.index_type,
             "build_params": json.loads(args.index_params) if args.index_params else None,
+            "shards_num": args.shards_num,
+            "partition_key": args.partition_key,
         }
     return IndexConfig(uri=args.uri, name=args.name, n_shards=n, token=args.token, **kw)
 
@@ -112,6 +131,15 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(f"index build: {e}", file=sys.stderr)
         return 2
     print(json.dumps(totals, sort_keys=True))
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Old fan-out collections ``<name>_sNN`` → one collection ``<name>`` sharded by Milvus (or --collections)."""
+    from retrieval.index import ShardedIndex, migrate_fanout
+
+    with ShardedIndex(_index_config(args, build=True)) as ix:
+        print(json.dumps(migrate_fanout(ix, drop_old=args.drop_old), sort_keys=True))
     return 0
 
 
@@ -251,6 +279,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner; never Prism)")
     add_set(b, "skip_existing=False or index.metric=L2")
     b.set_defaults(func=cmd_build)
+
+    m = sub.add_parser(
+        "migrate",
+        help="move an old fan-out index (<name>_sNN collections) into one collection sharded by Milvus",
+        description="Copies every row (vectors, captions, quality scores) of <name>_s00… into the layout given by "
+        "--collections (default: one collection <name> with --shards-num Milvus shards and --partition-key), "
+        "checks every primary key arrived, and with --drop-old drops the old collections. Upserts: an "
+        "interrupted migration is simply run again.",
+    )
+    _index_args(m, build=True)
+    m.add_argument("--drop-old", action="store_true", help="drop <name>_sNN once every row is in the new layout")
+    m.set_defaults(func=cmd_migrate)
 
     q = sub.add_parser("query", help="text or image query; prints ranked crops with provenance")
     q.add_argument("text", nargs="?", default=None, help="query text")

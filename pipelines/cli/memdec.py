@@ -71,7 +71,14 @@ def open_store(cfg):
 
     s = cfg.store
     return ShardedVectorStore(
-        VectorStoreConfig(uri=cfg.store_uri, name=s.name, n_shards=s.n_shards, index_type=s.index_type, metric=s.metric)
+        VectorStoreConfig(
+            uri=cfg.store_uri,
+            name=s.name,
+            n_shards=s.n_shards,
+            shards_num=s.shards_num,
+            index_type=s.index_type,
+            metric=s.metric,
+        )
     )
 
 

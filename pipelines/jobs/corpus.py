@@ -8,7 +8,9 @@ Graph:
       → Reshuffle → ProcessDocument [parse → visual-gain slot → interleave → chunk; cached per doc]
           ├─ main: finished documents → shard = hash(doc_id) mod N → GroupByKey → WriteShard (sorted)
           └─ "dropped": dead letters → GroupByKey(stage) → quarantine/<stage>.jsonl (sorted)
-    The driver then writes manifest.json from the shard entries, Beam metrics and quarantine counts.
+    Shard and quarantine writers each emit a BuildSummary of what they wrote (entry, doc ids, reasons, page
+    scores) → CombineGlobally → counts and histograms in _work/parts.json; the driver adds Beam metrics and
+    writes manifest.json without reading any shard or dead letter back.
 
 Output is a function of the input set and the config only: doc ids are content hashes, shard
 assignment hashes the doc id, rows inside a shard are sorted, so worker scheduling changes nothing.
@@ -19,11 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -38,10 +38,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import fs
 from formats.manifest import QUARANTINE_DIR, SHARDS_DIR, Manifest, QuarantineEntry, ShardEntry, Totals
-from formats.outcomes import is_filtered
-from formats.quarantine import iter_quarantine, quarantine_files, write_quarantine
+from formats.quarantine import quarantine_files, write_quarantine
 from formats.records import Dropped
-from formats.shards import SCHEMA_VERSION, ShardFile
+from formats.shards import SCHEMA_VERSION, table_chunks
 from pipelines.assembly.build import (
     BuildConfig,
     DocResult,
@@ -54,6 +53,7 @@ from pipelines.assembly.build import (
     shard_of,
     write_shard_from_docs,
 )
+from pipelines.assembly.summary import BuildSummary
 
 log = logging.getLogger(__name__)
 NAMESPACE = "scifolio"
@@ -269,11 +269,43 @@ class WriteShard(beam.DoFn):
         self.work_root = work_root
         self.out_dir = out_dir
 
-    def process(self, element: tuple[tuple[int, int], Iterable[str]]) -> Iterable[dict[str, Any]]:
+    def process(self, element: tuple[tuple[int, int], Iterable[str]]) -> Iterable[BuildSummary]:
         (index, n_shards), doc_ids = element
-        entry = write_shard_from_docs(WorkStore(self.work_root), self.out_dir, index, n_shards, doc_ids)
+        chunks: list = []
+
+        def seen(table) -> None:  # only the key columns and page provenance, decoded from memory
+            chunks.extend(table_chunks(table, parts=("pages",)))
+
+        entry = write_shard_from_docs(WorkStore(self.work_root), self.out_dir, index, n_shards, doc_ids, seen)
         Metrics.counter(NAMESPACE, "shards").inc()
-        yield entry
+        yield BuildSummary.of_shard(entry, chunks)
+
+
+def write_stage(directory: str, stage: str, rows: Iterable[dict[str, Any]]) -> BuildSummary:
+    rows = list(rows)
+    return BuildSummary.of_quarantine(write_quarantine(directory, stage, rows), rows)
+
+
+class CombineSummaries(beam.CombineFn):
+    """Merges the writers' BuildSummary parts into the manifest's counts (datatrove merges its stats so)."""
+
+    def __init__(self, visual_gain: bool):
+        self.visual_gain = visual_gain
+
+    def create_accumulator(self) -> BuildSummary:
+        return BuildSummary()
+
+    def add_input(self, acc: BuildSummary, part: BuildSummary) -> BuildSummary:
+        return acc.merge(part)
+
+    def merge_accumulators(self, accs: Iterable[BuildSummary]) -> BuildSummary:
+        out = BuildSummary()
+        for a in accs:
+            out.merge(a)
+        return out
+
+    def extract_output(self, acc: BuildSummary) -> dict[str, Any]:
+        return acc.finish(self.visual_gain)
 
 
 def build_pipeline(
@@ -331,10 +363,20 @@ def build_pipeline(
             "dropped", main="docs"
         )
     )
+    dropped = (hashed.dropped, unique.dropped, processed.dropped, *([near_dropped] if near_dropped is not None else []))
+    outputs = write_outputs(processed.docs, dropped, config, work_root, out)
+    return {**outputs, "config_hash": config_hash}
+
+
+def write_outputs(
+    docs: beam.PCollection, dropped: Sequence[beam.PCollection], config: BuildConfig, work_root: str, out: str
+) -> dict[str, beam.PCollection]:
+    """Finished doc ids → shards; dead letters → quarantine; what both writers saw → combined → parts.json."""
+    paths = JobPaths(out)
     # ----- shards: N derived from the number of finished documents, assignment by doc_id hash -----
-    n_docs = processed.docs | "CountDocs" >> beam.combiners.Count.Globally()
+    n_docs = docs | "CountDocs" >> beam.combiners.Count.Globally()
     entries = (
-        processed.docs
+        docs
         | "AssignShard"
         >> beam.Map(
             lambda doc_id, n: (
@@ -347,28 +389,25 @@ def build_pipeline(
         | "WriteShard" >> beam.ParDo(WriteShard(work_root, str(paths.shards)))
     )
     # ----- dead letters: one sorted jsonl per stage -----
-    dropped = (
-        (hashed.dropped, unique.dropped, processed.dropped, *([near_dropped] if near_dropped is not None else []))
+    written_dropped = (
+        tuple(dropped)
         | "AllDropped" >> beam.Flatten()
         | "ByStage" >> beam.Map(lambda row: (row["stage"], row))
         | "GroupStage" >> beam.GroupByKey()
-        | "WriteQuarantine" >> beam.MapTuple(lambda stage, rows: write_quarantine(paths.quarantine, stage, rows))
+        | "WriteQuarantine" >> beam.MapTuple(lambda stage, rows: write_stage(paths.quarantine, stage, rows))
     )
     collected = (
-        (
-            entries | "TagShards" >> beam.Map(lambda e: ("shard", e)),
-            dropped | "TagQ" >> beam.Map(lambda e: ("quarantine", e)),
-        )
+        (entries, written_dropped)
         | "FlattenOut" >> beam.Flatten()
-        | "Collect" >> beam.combiners.ToList()
+        | "Summarise" >> beam.CombineGlobally(CombineSummaries(config.visual_gain is not None))
         | "WriteParts" >> beam.Map(_write_parts, out=out)
     )
-    return {"entries": entries, "dropped": dropped, "parts": collected, "config_hash": config_hash}
+    return {"entries": entries, "dropped": written_dropped, "parts": collected}
 
 
-def _write_parts(items: list[tuple[str, dict[str, Any]]], out: str) -> str:
+def _write_parts(summary: dict[str, Any], out: str) -> str:
     path = JobPaths(out).parts
-    fs.write_text(path, json.dumps(sorted(items, key=lambda x: json.dumps(x, sort_keys=True))))
+    fs.write_text(path, json.dumps(summary, sort_keys=True))
     return path
 
 
@@ -433,7 +472,15 @@ def run(
         for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
     }
     manifest = write_manifest(
-        out, config, graph["config_hash"], PARSER_VERSION, available_backends(), counters, n_inputs, inputs, elapsed
+        out,
+        config,
+        config_hash=graph["config_hash"],
+        parser_version=PARSER_VERSION,
+        backends=available_backends(),
+        counters=counters,
+        n_inputs=n_inputs,
+        inputs=inputs,
+        elapsed_s=elapsed,
     )
     return manifest
 
@@ -441,6 +488,7 @@ def run(
 def write_manifest(
     out: str,
     config: BuildConfig,
+    *,
     config_hash: str,
     parser_version: str,
     backends: dict[str, str],
@@ -449,10 +497,13 @@ def write_manifest(
     inputs: Sequence[str],
     elapsed_s: float,
 ) -> Manifest:
+    """Write ``OUT/manifest.json`` from the pipeline's combined summary (``_work/parts.json``, O(shards + stages +
+    domains)) and the driver's own facts. Reads no shard and no dead letter; lists the output folders only to
+    remove files an earlier run with another shard count left."""
     paths = JobPaths(out)
     parts = json.loads(fs.read_text(paths.parts))
-    shards = sorted((ShardEntry(**e) for kind, e in parts if kind == "shard"), key=lambda e: e.file)
-    quarantine = sorted((QuarantineEntry(**e) for kind, e in parts if kind == "quarantine"), key=lambda e: e.stage)
+    shards = [ShardEntry(**e) for e in parts["shards"]]
+    quarantine = [QuarantineEntry(**e) for e in parts["quarantine"]]
     # shards from an earlier run with another shard count are stale: remove them so the folder = manifest
     keep = {e.file for e in shards}
     for stale in fs.glob(fs.join(paths.shards, "shard-*.parquet")):
@@ -462,24 +513,6 @@ def write_manifest(
     for stale in quarantine_files(paths.quarantine):
         if os.path.basename(stale) not in keep_q:
             fs.remove(stale)
-
-    dropped = list(iter_quarantine(paths.quarantine))
-    by_reason = Counter(f"{d.stage}.{d.reason}" for d in dropped)
-    doc_level = {d.item_id for d in dropped if not is_page_id(d.item_id) and d.reason != "retryable"}
-    retryable = {d.item_id for d in dropped if d.reason == "retryable"}
-    filtered = {d.item_id for d in dropped if d.item_id in doc_level and is_filtered(d.stage, d.reason)}
-    failed = doc_level - filtered
-    page_level = [d for d in dropped if is_page_id(d.item_id) and d.item_id.split(":")[0] not in retryable]
-    pages_filtered = sum(1 for d in page_level if is_filtered(d.stage, d.reason))
-    shard_files = [fs.join(paths.shards, e.file) for e in shards]
-    docs_in_shards: set[str] = set()
-    for f in shard_files:
-        docs_in_shards |= ShardFile(f).doc_ids()
-    visual_gain = None
-    if config.visual_gain is not None:
-        from pipelines.assembly.summary import visual_gain_summary
-
-        visual_gain = visual_gain_summary(out, shard_files)
     manifest = Manifest(
         schema_version=SCHEMA_VERSION,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -491,30 +524,22 @@ def write_manifest(
         shards=shards,
         totals=Totals(
             input_files=n_inputs,
-            documents_in_shards=len(docs_in_shards),
-            documents_quarantined=len(doc_level),
+            documents_in_shards=parts["documents_in_shards"],
+            documents_quarantined=parts["documents_quarantined"],
             chunks=sum(e.rows for e in shards),
             tokens=sum(e.tokens for e in shards),
-            documents_retryable=len(retryable),
-            documents_failed=len(failed),
-            documents_filtered=len(filtered),
+            documents_retryable=parts["documents_retryable"],
+            documents_failed=parts["documents_failed"],
+            documents_filtered=parts["documents_filtered"],
             pages=int(counters.get("pages", 0)),
-            pages_failed=len(page_level) - pages_filtered,
-            pages_filtered=pages_filtered,
+            pages_failed=parts["pages_failed"],
+            pages_filtered=parts["pages_filtered"],
         ),
-        dropped_by_reason=dict(sorted(by_reason.items())),
+        dropped_by_reason=parts["dropped_by_reason"],
         quarantine=quarantine,
         metrics=dict(sorted(counters.items())),
         elapsed_s=round(elapsed_s, 2),
-        visual_gain=visual_gain,
+        visual_gain=parts["visual_gain"],
     )
     manifest.write(out)
     return manifest
-
-
-_PAGE_ID = re.compile(r"^[0-9a-f]{64}:\d+$")
-
-
-def is_page_id(item_id: str) -> bool:
-    """Dead letters are per page (``doc_id:page``) or per input document (anything else)."""
-    return bool(_PAGE_ID.match(item_id))

@@ -1,4 +1,8 @@
-"""Beam ingest job: crops from corpus shards → embeddings (batched, model loaded in DoFn.setup) → sharded index.
+"""Beam ingest job: crops from corpus shards → skip stored → ``RunInference`` (the retrieval handlers: model
+loaded once per worker, batched) → index writes.
+
+Graph: ShardFiles → ReadCrops → BatchElements → SkipStored → RunInference(CropEmbedding) → BatchElements →
+WriteRows → per file → MarkDone.
 
 Resumable twice over: a shard file whose crops were all written gets a ``<state_dir>/<file>.done`` marker
 (keyed by the file's sha256, so a rewritten shard is ingested again), and inside an unfinished file, crops
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import fs
@@ -123,68 +128,122 @@ def stage_batch(rows: Sequence[IndexRow], bulk_dir: str, n_shards: int) -> int:
     return len({r.sha256 for r in rows})  # write_bulk_files folds repeats, as upsert does
 
 
-class EmbedAndWrite(beam.DoFn):
-    """A batch of crops → skip stored (or staged) ones → caption (optional) → embed → upsert, or stage as bulk
-    files when ``cfg.bulk_dir`` is set. Emits (file, n_written)."""
+class _Loaded:
+    """The loaded handlers and models (Beam keeps a weak reference to what ``load_model`` returns: no tuple)."""
+
+    def __init__(self, *parts):
+        self.parts = parts
+
+
+class CropEmbedding(ModelHandler):
+    """Beam's ``ModelHandler`` over the retrieval handlers: ``load_model`` loads the embedder (and the optional
+    captioner) once per worker; ``run_inference`` captions and embeds one batch of crops. Emits
+    ``PredictionResult(crop, (vector, caption))``."""
 
     def __init__(self, cfg: IndexJobConfig):
+        super().__init__()
         self.cfg = cfg
-        self.written = Metrics.counter(NAMESPACE, "crops_written")
-        self.staged = Metrics.counter(NAMESPACE, "crops_staged")
-        self.skipped = Metrics.counter(NAMESPACE, "crops_skipped_existing")
-        self.batches = Metrics.counter(NAMESPACE, "batches")
-        self.embed_ms = Metrics.distribution(NAMESPACE, "embed_ms_per_batch")
 
-    def setup(self) -> None:
+    def load_model(self):
         from retrieval.caption import CaptionConfig, Captioner
         from retrieval.embed import EmbedConfig, STEmbedder
 
-        # Handlers load once per worker here; process() only calls run_batch with the models kept.
-        self.embedder = STEmbedder(EmbedConfig(self.cfg.embed_model, self.cfg.batch_size, self.cfg.device))
-        self.embed_model = self.embedder.load()
-        self.captioner = (
+        embedder = STEmbedder(EmbedConfig(self.cfg.embed_model, self.cfg.batch_size, self.cfg.device))
+        captioner = (
             Captioner(CaptionConfig(self.cfg.caption_model, device=self.cfg.device)) if self.cfg.caption_model else None
         )
-        self.caption_model = self.captioner.load() if self.captioner else None
+        return _Loaded(embedder, embedder.load(), captioner, captioner.load() if captioner else None)
+
+    def run_inference(self, batch: Sequence[CropItem], model, inference_args=None) -> Iterable[PredictionResult]:
+        embedder, embed_model, captioner, caption_model = model.parts
+        pngs = [c.png for c in batch]
+        captions = captioner.run_batch(pngs, caption_model) if captioner else [""] * len(batch)
+        vecs = embedder.run_batch(pngs, embed_model)
+        return [PredictionResult(c, (v, cap)) for c, v, cap in zip(batch, vecs, captions)]
+
+    def batch_elements_kwargs(self) -> dict[str, int]:
+        return {"min_batch_size": self.cfg.batch_size, "max_batch_size": self.cfg.batch_size}
+
+    def share_model_across_processes(self) -> bool:
+        return False
+
+
+class _IndexDoFn(beam.DoFn):
+    """Opens the index in setup (creating the collections on first use is the writers' job)."""
+
+    def __init__(self, cfg: IndexJobConfig):
+        self.cfg = cfg
+
+    def setup(self) -> None:
         self.index = ShardedIndex(self.cfg.index)
-        self.index.ensure(
-            self.embedder.dim(self.embed_model)
-        )  # also on the bulk path: creates the collections, checks the dim
-        # Bulk path: the collections are empty (checked by the driver); what a resumed run can skip is what an
-        # earlier attempt already staged. Files staged concurrently by other workers are deduped by the driver.
-        self.staged_before = staged_ids(self.cfg.bulk_dir) if self.cfg.bulk_dir and self.cfg.skip_existing else set()
-
-    def process(self, batch: Sequence[CropItem]) -> Iterator[tuple[str, int]]:
-        import time
-
-        self.batches.inc()
-        todo = list({c.sha256: c for c in batch}.values())
-        if self.cfg.skip_existing and todo:
-            stored = (
-                {c.sha256 for c in todo} & self.staged_before
-                if self.cfg.bulk_dir
-                else self.index.existing(c.sha256 for c in todo)
-            )
-            self.skipped.inc(len(stored))
-            todo = [c for c in todo if c.sha256 not in stored]
-        if todo:
-            t0 = time.perf_counter()
-            pngs = [c.png for c in todo]
-            captions = self.captioner.run_batch(pngs, self.caption_model) if self.captioner else [""] * len(todo)
-            vecs = self.embedder.run_batch(pngs, self.embed_model)
-            self.embed_ms.update(int((time.perf_counter() - t0) * 1000))
-            rows = [IndexRow.from_crop(c, v, cap) for c, v, cap in zip(todo, vecs, captions)]
-            if self.cfg.bulk_dir:
-                self.staged.inc(stage_batch(rows, self.cfg.bulk_dir, self.cfg.index.n_shards))
-            else:
-                self.written.inc(self.index.upsert(rows))
-        for c in batch:
-            yield c.source, 1
 
     def teardown(self) -> None:  # best effort only: nothing relies on it
         index = getattr(self, "index", None)
         if index is not None:
             index.close()
+
+
+class SkipStored(_IndexDoFn):
+    """A batch of crops → the ones not yet stored (or staged); skipped crops count for their file at once
+    (``files`` output), before any embedding (the expensive step)."""
+
+    def __init__(self, cfg: IndexJobConfig):
+        super().__init__(cfg)
+        self.skipped = Metrics.counter(NAMESPACE, "crops_skipped_existing")
+        self.batches = Metrics.counter(NAMESPACE, "batches")
+
+    def setup(self) -> None:
+        super().setup()
+        # Bulk path: the collections are empty (checked by the driver); what a resumed run can skip is what an
+        # earlier attempt already staged. Files staged concurrently by other workers are deduped by the driver.
+        self.staged_before = staged_ids(self.cfg.bulk_dir) if self.cfg.bulk_dir and self.cfg.skip_existing else set()
+
+    def process(self, batch: Sequence[CropItem]) -> Iterator:
+        self.batches.inc()
+        first = {c.sha256: c for c in reversed(batch)}  # the first occurrence of each crop in the batch
+        todo = [c for c in batch if first[c.sha256] is c]
+        stored: set[str] = set()
+        if self.cfg.skip_existing and todo:
+            stored = (
+                {c.sha256 for c in todo} & self.staged_before
+                if self.cfg.bulk_dir
+                else (self.index.existing(c.sha256 for c in todo) if self.index.exists() else set())
+            )
+            self.skipped.inc(len(stored))
+        for c in batch:  # a crop repeated inside the batch (from another file) still counts for its own file
+            if first[c.sha256] is c and c.sha256 not in stored:
+                yield c
+            else:
+                yield beam.pvalue.TaggedOutput("files", (c.source, 1))
+
+
+class WriteRows(_IndexDoFn):
+    """Embedded crops → index rows → upsert, or stage as bulk files when ``cfg.bulk_dir`` is set.
+    Emits (file, 1) per crop."""
+
+    def __init__(self, cfg: IndexJobConfig):
+        super().__init__(cfg)
+        self.written = Metrics.counter(NAMESPACE, "crops_written")
+        self.staged = Metrics.counter(NAMESPACE, "crops_staged")
+        self.skipped = Metrics.counter(NAMESPACE, "crops_skipped_existing")
+
+    def process(self, batch: Sequence[PredictionResult]) -> Iterator[tuple[str, int]]:
+        rows = [IndexRow.from_crop(r.example, r.inference[0], r.inference[1]) for r in batch]
+        if rows and not getattr(self, "ready", False):
+            self.index.ensure(len(rows[0].vector))  # also on the bulk path: creates the collections, checks dim
+            self.ready = True
+        if rows and self.cfg.skip_existing and not self.cfg.bulk_dir:
+            # A crop held by two shard files can pass SkipStored in two batches before either is written (every
+            # skip check runs before RunInference): the later batch finds it here and does not write it again.
+            stored = self.index.existing(r.sha256 for r in rows)
+            self.skipped.inc(len(stored))
+            rows = [r for r in rows if r.sha256 not in stored]
+        if self.cfg.bulk_dir:
+            self.staged.inc(stage_batch(rows, self.cfg.bulk_dir, self.cfg.index.n_shards))
+        elif rows:
+            self.written.inc(self.index.upsert(rows))
+        for r in batch:
+            yield r.example.source, 1
 
 
 class MarkDone(beam.DoFn):
@@ -211,13 +270,19 @@ def build(p: beam.Pipeline, cfg: IndexJobConfig, files: list[str]):
         | "Reshuffle" >> beam.Reshuffle()
         | "ReadCrops" >> beam.ParDo(ReadCrops(cfg.out)).with_outputs("files", main="crops")
     )
-    written = (
+    pending = (
         read.crops
         | "Batch" >> beam.BatchElements(min_batch_size=cfg.batch_size, max_batch_size=cfg.batch_size)
-        | "EmbedAndWrite" >> beam.ParDo(EmbedAndWrite(cfg))
+        | "SkipStored" >> beam.ParDo(SkipStored(cfg)).with_outputs("files", main="crops")
+    )
+    written = (
+        pending.crops
+        | "RunInference" >> RunInference(CropEmbedding(cfg))
+        | "BatchRows" >> beam.BatchElements(min_batch_size=cfg.batch_size, max_batch_size=cfg.batch_size)
+        | "WriteRows" >> beam.ParDo(WriteRows(cfg))
     )
     return (
-        (written, read.files)
+        (written, pending.files, read.files)
         | "Flatten" >> beam.Flatten()
         | "PerFile" >> beam.GroupByKey()
         | "MarkDone" >> beam.ParDo(MarkDone(cfg.out, str(cfg.resolved_state_dir)))
@@ -240,7 +305,7 @@ def prepare_bulk(cfg: IndexJobConfig) -> None:
         )
         if n:
             raise BulkRefused(
-                f"collections {cfg.index.name}_s* at {cfg.index.uri} already hold {n} rows; bulk import only "
+                f"collections {ix.names} at {cfg.index.uri} already hold {n} rows; bulk import only "
                 "loads empty collections (it inserts, so stored ids would be duplicated). Add shards to a built "
                 "index without --bulk-dir (upserts skip stored crops), or drop the collections to re-import."
             )

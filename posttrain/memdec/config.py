@@ -20,14 +20,17 @@ from posttrain.memdec.synthetic import SyntheticConfig
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """The Milvus collection family holding the datastore (the CLI turns it into retrieval's store config)."""
+    """The Milvus collection(s) holding the datastore (the CLI turns it into retrieval's store config); the same
+    layout choice as the crop index: one collection sharded by Milvus unless ``n_shards`` > 1."""
 
     uri: str = ""
     """Milvus Lite file or server URI; empty = ``<work_dir>/datastore.db``."""
     name: str = "memdec"
-    """Collection prefix: ``<name>_s00`` …"""
-    n_shards: int = 2
-    """Collections the keys are spread over (fixed once written)."""
+    """Collection name (``<name>_s00`` … prefix when ``n_shards`` > 1)."""
+    n_shards: int = 1
+    """Collections the keys are spread over (fixed once written); 1 = one collection, Milvus shards it."""
+    shards_num: int = 2
+    """Milvus shards of the collection on a server (ignored by Milvus Lite)."""
     index_type: str = "HNSW"
     """ANN index (FLAT = exact)."""
     metric: str = "L2"
@@ -173,7 +176,7 @@ def debug(work_dir: str = "out/memdec", **overrides: Any) -> MemdecConfig:
     """Tiny everything: a 2-layer d=64 base and memory, ~120 domain examples, exact FLAT search; ~1–2 min on 2 cores."""
     cfg = MemdecConfig(
         work_dir=work_dir,
-        store=StoreConfig(index_type="FLAT", n_shards=2),
+        store=StoreConfig(index_type="FLAT"),
         datastore=DatastoreConfig(batch_examples=32, k=8, tau=4.0),
         base_train=BaseTrainConfig(steps=250, batch=32),
         memory=MemoryConfig(steps=250, batch=16, beta=0.5, save_every=100),
@@ -185,10 +188,11 @@ def debug(work_dir: str = "out/memdec", **overrides: Any) -> MemdecConfig:
 
 
 def small(work_dir: str = "out/memdec", **overrides: Any) -> MemdecConfig:
-    """A real run's shape: point ``base``/``tokenizer``/data paths at real ones; HNSW on 8 shards."""
+    """A real run's shape: point ``base``/``tokenizer``/data paths at real ones; HNSW, one collection on 8 Milvus
+    shards."""
     cfg = MemdecConfig(
         work_dir=work_dir,
-        store=StoreConfig(index_type="HNSW", n_shards=8),
+        store=StoreConfig(index_type="HNSW", shards_num=8),
         datastore=DatastoreConfig(batch_examples=64, max_len=1024, k=64, tau=10.0),
         memory=MemoryConfig(hidden=512, steps=20000, batch=32, lr=5e-4, save_every=1000),
         router=RouterTrainConfig(width=256, steps=5000, batch=32, lr=1e-3),

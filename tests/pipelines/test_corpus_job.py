@@ -69,13 +69,13 @@ def test_test_pipeline_builds_shards_and_quarantine(corpus: Path, tmp_path: Path
     manifest = write_manifest(
         str(out),
         config,
-        graph["config_hash"],
-        PARSER_VERSION,
-        available_backends(),
-        {},
-        len(list(corpus.glob("*.pdf"))),
-        [str(corpus)],
-        0.0,
+        config_hash=graph["config_hash"],
+        parser_version=PARSER_VERSION,
+        backends=available_backends(),
+        counters={},
+        n_inputs=len(list(corpus.glob("*.pdf"))),
+        inputs=[str(corpus)],
+        elapsed_s=0.0,
     )
 
     t = manifest.totals

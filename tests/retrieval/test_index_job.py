@@ -198,3 +198,36 @@ def test_bulk_build_on_server_matches_upsert_build(milvus_server, corpus_out, ti
         for c in (up_cfg, bulk_cfg):
             with ShardedIndex(c.index) as ix:
                 ix.drop()
+
+
+def test_embedding_runs_through_run_inference_and_matches_the_handler(corpus_out, tiny_models, tmp_path):
+    """The graph holds Beam's RunInference over the retrieval handler, and the stored vectors equal what the
+    handler gives for the same crops outside Beam (the job's output is today's)."""
+    import apache_beam as beam
+    import numpy as np
+
+    from formats.shards import list_shards
+    from pipelines.jobs.index import build
+    from retrieval.crops import iter_crops
+    from retrieval.embed import EmbedConfig, STEmbedder
+    from retrieval.index import IndexConfig
+
+    cfg = IndexJobConfig(
+        out=str(corpus_out),
+        index=IndexConfig(str(tmp_path / "i.db"), name="ri"),
+        embed_model=tiny_models["retrieval-clip"],
+        batch_size=4,
+        state_dir=str(tmp_path / "state"),
+    )
+    p = beam.Pipeline(options=beam.options.pipeline_options.PipelineOptions(["--runner=DirectRunner"]))
+    build(p, cfg, pending_shards(cfg))
+    labels = [t.unique_name for t in p.to_runner_api().components.transforms.values()]
+    assert any(label.endswith("RunInference") for label in labels), labels
+    assert run(cfg)["crops_written"] == 12
+    crops = {c.sha256: c for f in list_shards(corpus_out) for c in iter_crops(f, corpus_out)}
+    handler = STEmbedder(EmbedConfig(tiny_models["retrieval-clip"]))
+    ids = sorted(crops)
+    want = handler.run_batch([crops[i].png for i in ids], handler.load())
+    with ShardedIndex(cfg.index) as ix:
+        got = {r["sha256"]: np.asarray(r["vector"]) for r in ix.get(ids, with_vectors=True)}
+    assert np.allclose(np.stack([got[i] for i in ids]), want, atol=1e-5)

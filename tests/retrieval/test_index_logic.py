@@ -8,7 +8,16 @@ import pytest
 
 from formats.shards import Segment
 from retrieval.crops import image_context
-from retrieval.index import Hit, IndexConfig, clip_bytes, collection_names, merge_hits, shard_of
+from retrieval.index import (
+    Hit,
+    IndexConfig,
+    clip_bytes,
+    collection_names,
+    fanout_collections,
+    index_for_scale,
+    merge_hits,
+    shard_of,
+)
 from retrieval.rerank import candidate_text, order_by_scores, to_unit_interval
 
 
@@ -35,6 +44,11 @@ def test_shard_routing_is_balanced_over_many_ids():
 
 def test_collection_names_and_config_validation():
     assert collection_names("crops", 3) == ["crops_s00", "crops_s01", "crops_s02"]
+    assert collection_names("crops", 1) == ["crops"]  # one collection: Milvus shards it
+    assert fanout_collections(["crops", "crops_s01", "crops_s00", "other_s00", "crops_s1"], "crops") == [0, 1]
+    assert index_for_scale(1_000_000) == "HNSW" and index_for_scale(100_000_000) == "IVF_SQ8"
+    with pytest.raises(ValueError, match="partition_key"):
+        IndexConfig(partition_key="caption")
     assert IndexConfig(index_type="hnsw").index_type == "HNSW"
     assert IndexConfig("./x.db").is_lite and not IndexConfig("http://127.0.0.1:19530").is_lite
     with pytest.raises(ValueError):
