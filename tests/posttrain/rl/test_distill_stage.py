@@ -132,7 +132,7 @@ def test_experts_prompts_come_from_the_files_through_the_students_chat_template(
         assert t.prompt_ids in stage.source.rows[t.request.meta["domain"]]
 
 
-def test_experts_refuses_a_tokenizer_mismatch_and_the_toy_recipe_refuses_paths(tmp_path):
+def test_experts_refuses_a_tokenizer_mismatch_and_the_toy_recipe_refuses_paths(tmp_path, capsys):
     from posttrain.rl.distill import DistillRefused, TokenizerMismatch, experts
 
     student = str(_model_dir(tmp_path / "student", seed=0))
@@ -141,6 +141,14 @@ def test_experts_refuses_a_tokenizer_mismatch_and_the_toy_recipe_refuses_paths(t
     cfg = experts(teacher_paths={"reasoning": student, "agentic": odd}, student_path=student, prompts=files)
     with pytest.raises(TokenizerMismatch, match=r"tokenizer mismatch: teacher 'agentic' \(.*char\) vs student"):
         build(cfg)
+    from pipelines.cli import main
+
+    argv = ["posttrain", "distill", "--config", "experts", "--out", str(tmp_path / "run"), "--student", student]
+    argv += ["--teacher", f"reasoning={student}", "--teacher", f"agentic={odd}"]
+    argv += [x for d, f in files.items() for x in ("--prompts", f"{d}={f}")]
+    assert main(argv) == 2  # the CLI says why on stderr and exits 2, before any model is loaded
+    assert "tokenizer mismatch: teacher 'agentic'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
     with pytest.raises(DistillRefused, match="need --config experts"):
         build(debug(student_path=student))
     with pytest.raises(DistillRefused, match="missing: prompts"):
