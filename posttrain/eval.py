@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from formats.chat import TURN_END
+from posttrain.rl.task import prompt_ids  # chat rows through the chat template, as RL and distill feed them
 from posttrain.rollout.types import FINISH_STOP, Request, SamplingParams
 
 Check = Callable[[str, dict[str, Any], bool], bool]
@@ -179,16 +180,6 @@ class ProblemResult:
     @property
     def correct(self) -> int:
         return sum(s.passed for s in self.samples)
-
-
-def prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:
-    """A chat row goes through the tokenizer's chat template; a plain prompt is ``bos + prompt`` (as RL feeds it)."""
-    if "messages" in row:
-        # rendered as text, then tokenised without specials: the same ids SFT trained the context on
-        text = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-    return [tokenizer.bos_token_id, *ids] if tokenizer.bos_token_id is not None else ids
 
 
 def sample(

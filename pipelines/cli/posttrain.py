@@ -8,6 +8,9 @@
     scifolio posttrain rl --config debug --out runs/rl --ray local --speculative   # draft synced to the Ray workers
     scifolio posttrain rl --config small --out runs/rl --set policy.path=/models/qwen --set task.jsonl=train.jsonl
     scifolio posttrain distill --config debug --out runs/opd                  # two-teacher on-policy distillation
+    scifolio posttrain distill --config experts --out runs/opd --student runs/sft/policy \\
+        --teacher reasoning=runs/exp-r/policy --teacher agentic=runs/exp-a/policy \\
+        --prompts reasoning=r.jsonl --prompts agentic=a.jsonl                  # real models, real prompts
     scifolio posttrain sft --config debug --model models/base --data chats.jsonl --out runs/sft   # SFT → policy/
 
     scifolio posttrain gateway --model tiny/posttrain-student --port 8000   # OpenAI/Anthropic APIs over the engine
@@ -29,6 +32,27 @@ import sys
 from pipelines.cli import sft
 from pipelines.cli.options import add_set, apply_sets
 
+# Recipe notes for --help, here rather than read from the recipes' docstrings: importing those pulls in torch,
+# seconds on every CLI start. Keep them in step with posttrain/rl/recipes.py:small and posttrain/rl/distill.py.
+RL_SMALL = (
+    "--config small: a real model at policy.path (default Qwen/Qwen2.5-0.5B-Instruct: a local directory or a hub "
+    "name already cached; nothing is downloaded offline) on posttrain/data/rl/train.jsonl, which ships with the "
+    "project (512 generated arithmetic chats with exact integer answers; test.jsonl beside it for scifolio eval; "
+    "python -m posttrain.rl.task --write DIR regenerates them). A real run needs a chat model with its tokenizer and "
+    "chat template, rows {id, prompt|messages, answer} in task.jsonl with a fitting task.verifier (exact|prefix), and "
+    "for 500 steps of 1024-token rollouts a GPU (engine.kind=vllm)."
+)
+DISTILL_RECIPES = (
+    "--config debug: toy teachers, student and prompts built on the spot; takes no paths. "
+    "--config experts: real models and prompts. A real run needs --teacher DOMAIN=DIR for each domain (Hugging Face "
+    "directories with their tokenizers, e.g. two posttrain sft/rl runs from one SFT checkpoint: their DIR/policy), "
+    "--student DIR (e.g. that SFT checkpoint's DIR/policy), every teacher tokenizer identical to the student's "
+    '(refused otherwise), and --prompts DOMAIN=FILE per teacher domain (jsonl rows {"prompt": ...} or '
+    '{"messages": [...]}, chats rendered with the student\'s chat template). Memory: the student in fp32 with Adam '
+    "state plus every teacher in fp32 (two 0.5B teachers and a 0.5B student: ~12 GB). Defaults: 200 steps, 8 "
+    "queries x 4 samples per domain per step, 256-token responses ending at the tokenizer's EOS, lr 1e-6."
+)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("posttrain", help="RL post-training (partial rollout, detached-IS loss, BKL mask)")
@@ -39,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Collect with partial rollout, train with Eq 29 + BKL mask, sync, checkpoint; one metrics row per step.",
     )
     rl.add_argument("--config", default="debug", help="recipe name (posttrain/rl/recipes.py: debug, debug-moe, small)")
+    rl.epilog = RL_SMALL
     rl.add_argument("--out", required=True, help="run directory (metrics.jsonl, tb/, checkpoint/, policy/)")
     rl.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint (in-flight rollouts included)")
     add_set(rl, "steps=10, scheduler.partial=false, learner.lr=1e-3")
@@ -94,8 +119,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="two-teacher on-policy distillation (reasoning / agentic teachers, posttrain/rl/distill.py)",
         description="Student samples on-policy; each query scored by its domain's teacher (sampled-token logprobs "
         "only); Eq 33 advantage against the batch's proximal student; one metrics row per step.",
+        epilog=DISTILL_RECIPES,
     )
-    ds.add_argument("--config", default="debug", help="recipe name (posttrain/rl/distill.py: debug)")
+    ds.add_argument("--config", default="debug", help="recipe name (posttrain/rl/distill.py: debug, experts)")
+    ds.add_argument(
+        "--teacher",
+        action="append",
+        default=[],
+        metavar="DOMAIN=DIR",
+        help="a domain's teacher model directory (experts; repeatable; = teacher_paths)",
+    )
+    ds.add_argument("--student", default=None, metavar="DIR", help="student model directory (experts; = student_path)")
+    ds.add_argument(
+        "--prompts",
+        action="append",
+        default=[],
+        metavar="DOMAIN=FILE",
+        help='a domain\'s prompt jsonl, rows {"prompt": ...} or {"messages": [...]} (experts; repeatable)',
+    )
     ds.add_argument("--out", required=True, help="run directory (metrics.jsonl, checkpoint/, policy/)")
     ds.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint after a crash / kill -9")
     add_set(ds, "steps=4")
@@ -140,20 +181,47 @@ def run_agentic_cmd(args: argparse.Namespace) -> int:
 def run_distill(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from posttrain.rl.distill import RECIPES, run
+    from posttrain.rl.distill import RECIPES, DistillRefused, build
+    from posttrain.rl.loop import run_stage
 
     if args.config not in RECIPES:
         print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
         return 2
-    cfg = apply_sets(RECIPES[args.config](), args.set)
+    given: dict[str, object] = {}
+    try:  # the flags are spellings of teacher_paths / student_path / prompts; --set still applies after them
+        if args.teacher:
+            given["teacher_paths"] = _domain_pairs(args.teacher, "--teacher")
+        if args.prompts:
+            given["prompts"] = _domain_pairs(args.prompts, "--prompts")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.student:
+        given["student_path"] = args.student
+    cfg = apply_sets(RECIPES[args.config](**given), args.set)
     if args.print_config:
         print(json.dumps(dataclasses.asdict(cfg), indent=2))
         return 0
-    rows = run(cfg, args.out, progress=not args.no_progress, resume=args.resume)
-    last = rows[-1]
-    kl = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k.startswith("rkl_"))
+    try:
+        stage = build(cfg)
+    except DistillRefused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = run_stage(stage, args.out, resume=args.resume, progress=not args.no_progress)
+    last = rows[-1] if rows else {"step": 0}
+    kl = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k.startswith(("rkl_", "gap_")))
     print(f"step {last['step']}: {kl}; student at {args.out}/policy")
     return 0
+
+
+def _domain_pairs(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        domain, sep, path = item.partition("=")
+        if not sep or not domain or not path:
+            raise ValueError(f"{flag} {item}: expected DOMAIN=PATH")
+        out[domain] = path
+    return out
 
 
 def run_rl(args: argparse.Namespace) -> int:

@@ -8,12 +8,25 @@ frozen at the start of the batch, weighted by λ_d per domain, inside the Eq 29 
 (``distill.distill_loss``). An optional SFT warm-up first fits the student to teacher trajectories.
 
     scifolio posttrain distill --config debug --out runs/opd        # builds tiny teachers + student
+    scifolio posttrain distill --config experts --out runs/opd \
+        --teacher reasoning=runs/expert-r/policy --teacher agentic=runs/expert-a/policy --student runs/sft/policy \
+        --prompts reasoning=reasoning.jsonl --prompts agentic=agentic.jsonl
     python -c "from posttrain.rl.distill import run, debug; run(debug(), 'runs/opd')"
 
-``debug`` builds its own models: two tiny teachers trained briefly on two different toy languages (the
-reasoning teacher counts up by one after a domain marker, the agentic one counts down by two, both with
-a little noise) and a random tiny student. Files under ``out``: ``metrics.jsonl`` (one row per step:
-loss, per-domain sampled teacher-logprob gap and held-out reverse KL) and ``student/`` (HF checkpoint).
+Two recipes, two sources of models and prompts (``DistillConfig.toy``):
+- ``debug`` builds its own models: two tiny teachers trained briefly on two different toy languages (the
+  reasoning teacher counts up by one after a domain marker, the agentic one counts down by two, both with a little
+  noise) and a random tiny student; prompts come from the toy generator (``prompts``). No path may be set.
+- ``experts`` loads real ones: ``teacher_paths`` (domain → Hugging Face directory, e.g. two ``posttrain sft`` runs'
+  ``DIR/policy`` started from one SFT checkpoint), ``student_path`` and ``prompts`` (domain → jsonl, one row
+  ``{"prompt": ...}`` or ``{"messages": [...]}`` a line; a chat is rendered with the student's chat template and
+  its generation prompt, a plain prompt is ``bos + prompt``: ``posttrain.rl.task.prompt_ids``). Every teacher's
+  tokenizer must equal the student's (same tokens, same ids, same special tokens): OPD compares logprobs of the
+  same token ids, so a mismatch is refused before any model is loaded (``TokenizerMismatch``).
+
+Files under ``out``: ``config.json``, ``metrics.jsonl`` (one row per step: loss, per-domain sampled teacher-logprob
+gap and, with ``eval_queries`` > 0, the reverse KL on fixed evaluation prompts), ``checkpoint/`` and ``policy/``
+(the student as a Hugging Face checkpoint, with the student's tokenizer when it has one).
 
 Run the tests: ``python -m pytest tests/posttrain/rl/test_distill_stage.py -q``
 """
@@ -21,6 +34,8 @@ Run the tests: ``python -m pytest tests/posttrain/rl/test_distill_stage.py -q``
 from __future__ import annotations
 
 import copy
+import json
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +44,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from formats.overrides import with_overrides
 from posttrain.objectives.distill import DomainRoute, DomainRouter, opd_advantage
 from posttrain.objectives.policy_loss import ClipConfig
 from posttrain.rl.learner import pack, token_logprobs
+from posttrain.rl.task import prompt_ids
 from posttrain.rl.teachers import TeacherConfig, TeacherScorer
 from posttrain.rollout.engines.hf import HFEngine
 from posttrain.rollout.sampling import sampling_logprobs
@@ -60,10 +77,16 @@ class DistillConfig:
     """Debug teachers: Adam steps on their toy language."""
     teacher_noise: float = 0.1
     """Debug teachers: fraction of random tokens in their training text (keeps them stochastic)."""
+    toy: bool = True
+    """True (``debug``): toy teachers, student and prompts built on the spot, and no path may be set. False
+    (``experts``): ``teacher_paths``, ``student_path`` and ``prompts`` must all be given."""
     teacher_paths: dict[str, str] = field(default_factory=dict)
-    """domain → local HF checkpoint of its teacher; empty builds the debug teachers."""
+    """domain → local HF directory of its teacher, with its tokenizer (``--teacher DOMAIN=DIR``; ``experts`` only)."""
     student_path: str | None = None
-    """Local HF checkpoint of the student; None builds the debug student."""
+    """Local HF directory of the student, with its tokenizer (``--student DIR``; ``experts`` only)."""
+    prompts: dict[str, str] = field(default_factory=dict)
+    """domain → jsonl of prompts, rows ``{"prompt": ...}`` or ``{"messages": [...]}`` (``--prompts DOMAIN=FILE``;
+    ``experts`` only: one file per teacher domain)."""
     weights: dict[str, float] = field(default_factory=lambda: {"reasoning": 1.0, "agentic": 1.0})
     """λ_d per domain (Eq 36)."""
     steps: int = 30
@@ -91,7 +114,8 @@ class DistillConfig:
     student, plain OPD on the debug languages only learned the content-token marginal within 40 steps (the
     counting rule is found by sampling it, 1 in 13); a short warm-up gives it a foothold."""
     eval_queries: int = 16
-    """Held-out queries per domain for the reverse-KL metric."""
+    """Queries per domain for the reverse-KL metric (0: none). Toy: held-out prompts; files: a fixed seeded
+    sample of each domain's file (held out only from the order, not from training)."""
     seed: int = 0
     """Seeds models, data and sampling."""
     torch_threads: int = 1
@@ -99,11 +123,188 @@ class DistillConfig:
 
 
 def debug(**overrides: Any) -> DistillConfig:
-    """Tiny teachers and student built on the spot (~10–20 s on 2 busy cores)."""
+    """Tiny teachers and student built on the spot, toy prompts (~10–20 s on 2 busy cores); takes no paths."""
     return DistillConfig(**overrides)
 
 
-RECIPES: dict[str, Callable[..., DistillConfig]] = {"debug": debug}
+def experts(**overrides: Any) -> DistillConfig:
+    """Real teachers and student from paths, real prompts from one jsonl file per domain.
+
+    A real run needs: ``--teacher DOMAIN=DIR`` per domain (Hugging Face directories with their tokenizers, e.g. two
+    domain experts: ``posttrain sft`` (or ``rl``) runs from the same SFT checkpoint on different data, their
+    ``DIR/policy``), ``--student DIR`` (e.g. that SFT checkpoint's ``DIR/policy``), every tokenizer identical to the
+    student's (refused otherwise), and ``--prompts DOMAIN=FILE`` for each teacher's domain (jsonl rows
+    ``{"prompt": ...}`` or ``{"messages": [...]}``, chats rendered with the student's chat template). Memory: the
+    student in fp32 with Adam state plus every teacher in fp32 on the CPU (``--set lr=...``, ``max_new_tokens``,
+    ``queries_per_domain`` and ``samples_per_query`` size the run; a 0.5B student and two 0.5B teachers need
+    ~12 GB). Defaults: 200 steps, 8 queries × 4 samples per domain per step, 256-token responses stopping at the
+    tokenizer's EOS, lr 1e-6, no SFT warm-up."""
+    cfg = DistillConfig(
+        toy=False,
+        steps=200,
+        queries_per_domain=8,
+        samples_per_query=4,
+        max_new_tokens=256,
+        lr=1e-6,
+        sft_steps=0,
+        eval_queries=8,
+        torch_threads=0,
+    )
+    return with_overrides(cfg, overrides)
+
+
+RECIPES: dict[str, Callable[..., DistillConfig]] = {"debug": debug, "experts": experts}
+
+
+class DistillRefused(ValueError):
+    """A distillation the stage will not start (paths with the toy recipe, a missing file or domain); the message
+    says what to change."""
+
+
+class TokenizerMismatch(DistillRefused):
+    """A teacher's tokenizer is not the student's: their logprobs would be of different tokens."""
+
+
+def check_config(cfg: DistillConfig) -> None:
+    """Refuse a config whose models and prompts do not fit its recipe (raises ``DistillRefused``)."""
+    given = [k for k in ("teacher_paths", "student_path", "prompts") if getattr(cfg, k)]
+    if cfg.toy:
+        if given:
+            raise DistillRefused(
+                f"{', '.join(given)} given to the toy recipe (debug builds its own models and prompts): "
+                "real teachers, student and prompt files need --config experts"
+            )
+        return
+    missing = [k for k in ("teacher_paths", "student_path", "prompts") if not getattr(cfg, k)]
+    if missing:
+        raise DistillRefused(
+            f"--config experts needs teachers, a student and prompt files; missing: {', '.join(missing)} "
+            "(--teacher DOMAIN=DIR ..., --student DIR, --prompts DOMAIN=FILE ...)"
+        )
+    if set(cfg.prompts) != set(cfg.teacher_paths):
+        raise DistillRefused(
+            f"one prompt file per teacher domain: teachers {sorted(cfg.teacher_paths)}, prompts {sorted(cfg.prompts)}"
+        )
+    for what, path in [("student", cfg.student_path), *((f"teacher {d!r}", p) for d, p in cfg.teacher_paths.items())]:
+        if not Path(path).is_dir():
+            raise DistillRefused(f"{what}: {path} is not a model directory")
+    for d, path in cfg.prompts.items():
+        if not Path(path).is_file():
+            raise DistillRefused(f"prompts {d!r}: no file {path}")
+
+
+def load_tokenizer(path: str, what: str) -> Any:
+    """The tokenizer saved in model directory ``path`` (refused when there is none: OPD must compare it)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise DistillRefused(f"{what} at {path} has no loadable tokenizer ({e}); save it beside the model") from None
+
+
+def check_tokenizers(student: Any, student_path: str, teachers: dict[str, tuple[Any, str]]) -> None:
+    """Every teacher's vocabulary (token → id) and special-token ids equal the student's, else ``TokenizerMismatch``
+    naming the teacher and the first differences."""
+    sv = student.get_vocab()
+    specials = ("bos_token_id", "eos_token_id", "pad_token_id")
+    for d, (tok, path) in teachers.items():
+        tv = tok.get_vocab()
+        diffs = []
+        if tv != sv:
+            only_t, only_s = sorted(tv.keys() - sv.keys()), sorted(sv.keys() - tv.keys())
+            moved = sorted(t for t in tv.keys() & sv.keys() if tv[t] != sv[t])
+            diffs.append(f"{len(tv)} vs {len(sv)} tokens")
+            if only_t:
+                diffs.append(f"{len(only_t)} only in the teacher (e.g. {only_t[:3]})")
+            if only_s:
+                diffs.append(f"{len(only_s)} only in the student (e.g. {only_s[:3]})")
+            if moved:
+                diffs.append(f"{len(moved)} at other ids (e.g. {moved[0]!r}: {tv[moved[0]]} vs {sv[moved[0]]})")
+        for k in specials:
+            if getattr(tok, k) != getattr(student, k):
+                diffs.append(f"{k} {getattr(tok, k)} vs {getattr(student, k)}")
+        if diffs:
+            raise TokenizerMismatch(
+                f"tokenizer mismatch: teacher {d!r} ({path}) vs student ({student_path}): {'; '.join(diffs)}. "
+                "OPD scores the student's sampled token ids with the teacher, so both must share one tokenizer "
+                "(distil from experts fine-tuned from the student's own checkpoint)"
+            )
+
+
+# -- prompts -----------------------------------------------------------------------------------------------------
+class ToyPrompts:
+    """The debug recipe's prompts: the toy generator, one seeded stream for training and one for evaluation."""
+
+    def __init__(self, cfg: DistillConfig, domains: list[str]) -> None:
+        self.cfg = cfg
+        self.gen = torch.Generator().manual_seed(cfg.seed + 1)
+        eval_gen = torch.Generator().manual_seed(cfg.seed + 999_999)
+        self.eval = {d: prompts(cfg, d, cfg.eval_queries, eval_gen) for d in domains} if cfg.eval_queries else {}
+
+    def draw(self, domain: str, n: int) -> list[list[int]]:
+        return prompts(self.cfg, domain, n, self.gen)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"gen": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.gen.set_state(state["gen"])
+
+
+class FilePrompts:
+    """Prompts of each domain from its jsonl file, tokenised once (``prompt_ids``: chats through the student's chat
+    template); each domain cycles through its rows in a seeded order per epoch, the cursor resumes with the run."""
+
+    def __init__(self, files: dict[str, str], tokenizer: Any, seed: int, eval_queries: int) -> None:
+        self.seed = seed
+        self.rows = {d: read_prompts(path, tokenizer) for d, path in files.items()}
+        self.cursor = dict.fromkeys(files, 0)
+        self.eval = {}
+        for d, rows in self.rows.items():
+            if eval_queries:
+                picked = random.Random(f"{seed}/eval/{d}").sample(range(len(rows)), min(eval_queries, len(rows)))
+                self.eval[d] = [rows[i] for i in picked]
+
+    def draw(self, domain: str, n: int) -> list[list[int]]:
+        rows, out = self.rows[domain], []
+        for _ in range(n):
+            epoch, i = divmod(self.cursor[domain], len(rows))
+            order = list(range(len(rows)))
+            random.Random(f"{self.seed}/{domain}/{epoch}").shuffle(order)
+            out.append(rows[order[i]])
+            self.cursor[domain] += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cursor": dict(self.cursor)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cursor = dict(state["cursor"])
+
+
+def read_prompts(path: str, tokenizer: Any) -> list[list[int]]:
+    """Token ids of every row of a prompt file (``{"prompt": str}`` or ``{"messages": [...]}``); a bad row is an
+    error naming its line (a prompt file is small and hand-made: better to fix it than to train around it)."""
+    from formats import fs
+
+    out = []
+    for n, line in enumerate(fs.read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not (isinstance(row.get("prompt"), str) or "messages" in row):
+                raise ValueError('expected {"prompt": str} or {"messages": [...]}')
+            ids = prompt_ids(row, tokenizer)
+        except (ValueError, TypeError, KeyError) as e:
+            raise DistillRefused(f"{path}:{n}: {e}") from None
+        if not ids:
+            raise DistillRefused(f"{path}:{n}: an empty prompt")
+        out.append(ids)
+    if not out:
+        raise DistillRefused(f"{path}: no prompts")
+    return out
 
 
 # -- debug models and data ---------------------------------------------------------------------------------------
@@ -156,7 +357,12 @@ class DistillStage:
     name = "posttrain distill"
 
     def __init__(
-        self, cfg: DistillConfig, student: torch.nn.Module, teachers: dict[str, torch.nn.Module], tokenizer: Any = None
+        self,
+        cfg: DistillConfig,
+        student: torch.nn.Module,
+        teachers: dict[str, torch.nn.Module],
+        tokenizer: Any = None,
+        source: ToyPrompts | FilePrompts | None = None,
     ) -> None:
         from posttrain.rl.learner import Learner, LearnerConfig
 
@@ -176,10 +382,11 @@ class DistillStage:
         self.router = DomainRouter({d: DomainRoute(teacher=d, weight=cfg.weights.get(d, 1.0)) for d in teachers})
         self.scorer = TeacherScorer(TeacherConfig(path="<in-process>"))
         self.engine = HFEngine(copy.deepcopy(student).eval(), capacity=256)
-        self.gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.source = source if source is not None else ToyPrompts(cfg, list(teachers))
         self.teacher_calls: list[tuple[str, list[str]]] = []
-        eval_gen = torch.Generator().manual_seed(cfg.seed + 999_999)
-        self.eval_prompts = {d: prompts(cfg, d, cfg.eval_queries, eval_gen) for d in teachers}
+        self.eval_prompts = self.source.eval
+        eos = None if tokenizer is None else tokenizer.eos_token_id
+        self.stop = () if eos is None else (int(eos),)  # toy languages have no EOS: fixed-length responses
         self._step = 0
         self._scored: tuple[Tensor, Tensor] | None = None
         self._prox: Tensor | None = None
@@ -200,7 +407,7 @@ class DistillStage:
     def collect(self) -> Batch:
         cfg = self.cfg
         self._step += 1
-        by_domain = {d: prompts(cfg, d, cfg.queries_per_domain, self.gen) for d in self.teachers}
+        by_domain = {d: self.source.draw(d, cfg.queries_per_domain) for d in self.teachers}
         seeds = 1000 * self._step
         trajs = self._sample(self.engine, self._requests(f"s{self._step}", by_domain, cfg.samples_per_query, seeds))
         self._scored = self.teacher_logprobs(trajs)
@@ -237,10 +444,10 @@ class DistillStage:
         return {"version": self.learner.version, **metrics}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"gen": self.gen.get_state(), "step": self._step}
+        return {"prompts": self.source.state_dict(), "step": self._step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.gen.set_state(state["gen"])
+        self.source.load_state_dict(state["prompts"])
         self._step = state["step"]
         self.sync()
 
@@ -263,7 +470,8 @@ class DistillStage:
                     sp = SamplingParams(
                         max_new_tokens=self.cfg.max_new_tokens,
                         temperature=self.cfg.temperature,
-                        ignore_eos=True,
+                        stop_token_ids=self.stop,
+                        ignore_eos=not self.stop,
                         seed=seed0 + len(reqs),
                     )
                     reqs.append(Request(f"{tag}-{d}-{qi}-{s}", p, sp, group_id=f"{tag}-{d}-{qi}", meta={"domain": d}))
@@ -294,7 +502,7 @@ class DistillStage:
         for s in range(self.cfg.sft_steps):
             trajs = []
             for d, teacher in self.teachers.items():
-                ps = {d: prompts(self.cfg, d, self.cfg.queries_per_domain, self.gen)}
+                ps = {d: self.source.draw(d, self.cfg.queries_per_domain)}
                 trajs += self._sample(HFEngine(teacher, capacity=256), self._requests(f"sft{s}", ps, 1, 10**6 * s))
             p = pack(trajs)
             self.student.train()
@@ -313,14 +521,18 @@ class DistillStage:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Held-out reverse KL(π_S ‖ π_T) per domain, exact over the vocabulary, on the student's samples."""
-        out = {}
+        out: dict[str, float] = {}
+        if not self.eval_prompts:
+            return out
         eng = HFEngine(copy.deepcopy(self.student).eval(), capacity=256)
         for d, ps in self.eval_prompts.items():
             trajs = self._sample(eng, self._requests(f"eval-{d}", {d: ps}, 1, 777))
             p = pack(trajs)
             s_logits = self.student(input_ids=p.input_ids, attention_mask=p.attention_mask).logits
             t_logits = self.teachers[d](input_ids=p.input_ids, attention_mask=p.attention_mask).logits
-            idx = p.positions.unsqueeze(-1).expand(-1, -1, s_logits.shape[-1])
+            v = min(s_logits.shape[-1], t_logits.shape[-1])  # real models may pad their vocabularies differently
+            s_logits, t_logits = s_logits[..., :v], t_logits[..., :v]
+            idx = p.positions.unsqueeze(-1).expand(-1, -1, v)
             ls = sampling_logprobs(s_logits.gather(1, idx), self.cfg.temperature)
             lt = sampling_logprobs(t_logits.gather(1, idx))
             kl = (ls.exp() * (ls - lt)).sum(-1)
@@ -329,31 +541,28 @@ class DistillStage:
         return out
 
 
-def _tokenizer_of(path: str) -> Any:
-    """The student directory's tokenizer, or None when it has none (a bare model: exported without one)."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError):
-        return None
-
-
 def build(cfg: DistillConfig) -> DistillStage:
+    """The stage of ``cfg``: toy models and prompts (``debug``), or teachers, student and prompt files from their
+    paths (``experts``), tokenizers checked before any model is loaded. Raises ``DistillRefused``."""
+    check_config(cfg)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
-    if cfg.teacher_paths:
-        teachers = {d: TeacherScorer(TeacherConfig(path=path)).load() for d, path in cfg.teacher_paths.items()}
-    else:
+    if cfg.toy:
         teachers = {d: train_teacher(cfg, d) for d in DOMAINS}
-    if cfg.student_path is not None:
-        from transformers import AutoModelForCausalLM
+        student = tiny_lm(cfg.vocab_size, cfg.student_hidden, seed=cfg.seed)
+        return DistillStage(cfg, student.eval(), teachers)
+    from transformers import AutoModelForCausalLM
 
-        student = AutoModelForCausalLM.from_pretrained(cfg.student_path, dtype=torch.float32, local_files_only=True)
-        tokenizer = _tokenizer_of(cfg.student_path)
-    else:
-        student, tokenizer = tiny_lm(cfg.vocab_size, cfg.student_hidden, seed=cfg.seed), None
-    return DistillStage(cfg, student.eval(), teachers, tokenizer)
+    tokenizer = load_tokenizer(cfg.student_path, "student")
+    check_tokenizers(
+        tokenizer,
+        cfg.student_path,
+        {d: (load_tokenizer(p, f"teacher {d!r}"), p) for d, p in cfg.teacher_paths.items()},
+    )
+    source = FilePrompts(cfg.prompts, tokenizer, cfg.seed, cfg.eval_queries)
+    teachers = {d: TeacherScorer(TeacherConfig(path=path)).load() for d, path in cfg.teacher_paths.items()}
+    student = AutoModelForCausalLM.from_pretrained(cfg.student_path, dtype=torch.float32, local_files_only=True)
+    return DistillStage(cfg, student.eval(), teachers, tokenizer, source)
 
 
 def run(cfg: DistillConfig, out: str | Path, progress: bool = False, resume: bool = False) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from formats.overrides import with_overrides
 from posttrain.rl.engines import EngineConfig
 from posttrain.rl.learner import LearnerConfig
+from posttrain.rl.task import SMALL_DATA
 from posttrain.rollout.engines.speculative import SpeculativeConfig
 from posttrain.rollout.scheduler import SchedulerConfig
 
@@ -54,7 +55,7 @@ class TaskConfig:
     name: str = "countdown"
     """``countdown`` (toy, built in) or ``jsonl`` (rows from ``jsonl``)."""
     jsonl: str | None = None
-    """Rows ``{"id", "prompt", "answer"}`` for ``name=jsonl``."""
+    """Rows ``{"id", "prompt" or "messages", "answer"}`` for ``name=jsonl`` (chats through the policy's template)."""
     verifier: str = "prefix"
     """``prefix`` (partial credit for a correct prefix) or ``exact``."""
     n_rows: int = 512
@@ -130,10 +131,18 @@ def debug(**overrides: Any) -> RLConfig:
 
 
 def small(**overrides: Any) -> RLConfig:
-    """A real model from ``policy.path`` on a jsonl task: n = 8 minibatches, larger batches."""
+    """A real model from ``policy.path`` on a jsonl task: n = 8 minibatches, larger batches.
+
+    Ships with its data: ``task.jsonl`` is ``posttrain/data/rl/train.jsonl`` (512 generated integer-arithmetic
+    chats with exact answers; ``test.jsonl`` beside it is for ``scifolio eval --task jsonl --verifier exact``;
+    ``python -m posttrain.rl.task --write DIR`` regenerates both). A real run needs: a chat model with its tokenizer
+    and chat template at ``policy.path`` (a local directory such as ``posttrain sft``'s ``DIR/policy``, or a hub
+    name already in the local cache: nothing is downloaded offline), your own rows ``{"id", "prompt" or
+    "messages", "answer"}`` in ``task.jsonl`` with a verifier that fits them (``exact`` or ``prefix``), and for
+    500 steps of 1024-token rollouts a GPU (``engine.kind=vllm``) rather than the CPU."""
     cfg = RLConfig(
         policy=PolicyConfig(path="Qwen/Qwen2.5-0.5B-Instruct"),
-        task=TaskConfig(name="jsonl", jsonl="data/rl/train.jsonl", verifier="exact"),
+        task=TaskConfig(name="jsonl", jsonl=str(SMALL_DATA / "train.jsonl"), verifier="exact"),
         sampling=SamplingConfig(max_new_tokens=1024),
         scheduler=SchedulerConfig(batch_target=32, group_size=8),
         learner=LearnerConfig(lr=1e-6, n_minibatches=8),

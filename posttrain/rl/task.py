@@ -1,6 +1,7 @@
 """Verifiable tasks: a jsonl of prompts plus a verifier function, and the toy ``countdown`` family.
 
-A task is rows ``{"id": ..., "prompt": ..., "answer": ...}`` (any extra keys are passed through) and
+A task is rows ``{"id": ..., "prompt": ..., "answer": ...}`` or ``{"id": ..., "messages": [...], "answer": ...}``
+(a chat rendered with the policy's chat template, generation prompt added; any extra keys are passed through) and
 ``verify(completion, row, stopped) -> float`` in [0, 1]; ``completion`` is the decoded response without
 the end-of-sequence token, ``stopped`` whether the model ended it itself. Real datasets plug in with
 ``JsonlTask(path, verify=my_verifier)``.
@@ -11,6 +12,10 @@ The toy family ``countdown`` is arithmetic written out step by step: the prompt 
 partial credit for a correct prefix, so a tiny random policy gets a learning signal from step one.
 
     python -c "from posttrain.rl.task import countdown_rows; print(countdown_rows(5))"
+
+The ``small`` recipes' data ship with the project (``SMALL_DATA``: ``posttrain/data/rl/{train,test}.jsonl``): two-
+and three-operand integer arithmetic as single-turn chats with exact integer answers (``arithmetic_rows``), written
+by ``python -m posttrain.rl.task --write posttrain/data/rl`` (deterministic: the shipped files are its output).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from posttrain.rollout.types import FINISH_STOP, Trajectory
 Verifier = Callable[[str, dict[str, Any], bool], float]
 
 CHARS = "0123456789:"
+SMALL_DATA = Path(__file__).resolve().parents[1] / "data" / "rl"
+"""The ``small`` recipes' generated task files (package data): ``train.jsonl`` (RL) and ``test.jsonl`` (eval)."""
 SPECIAL = ("<pad>", "<eos>", "<bos>")
 
 
@@ -57,6 +64,53 @@ def countdown_rows(n_rows: int, seed: int = 0, max_start: int = 9, alpha: float 
         n = rng.choices(starts, weights)[0]
         rows.append({"id": f"countdown-{i}", "prompt": f"{n}:", "answer": countdown_answer(n)})
     return rows
+
+
+def arithmetic_rows(n_rows: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+    """``n_rows`` chat problems ``a op b (op c)`` with small integers and an exact integer answer (the ``small``
+    recipes' data: easy enough that a 0.5B instruct model gets some right, so RL has a signal from step one)."""
+    rng = random.Random(f"arithmetic/{split}/{seed}")
+    rows = []
+    for i in range(n_rows):
+        terms = [rng.randint(2, 99) for _ in range(rng.choice((2, 2, 3)))]
+        ops = [rng.choice("+-*") for _ in terms[1:]]
+        expr = str(terms[0]) + "".join(f" {o} {t}" for o, t in zip(ops, terms[1:]))
+        summands = [terms[0]]  # the usual precedence: products first, then the sum
+        for o, t in zip(ops, terms[1:]):
+            if o == "*":
+                summands[-1] *= t
+            else:
+                summands.append(t if o == "+" else -t)
+        answer = sum(summands)
+        question = f"What is {expr}? Reply with the integer only."
+        rows.append(
+            {"id": f"arith-{split}-{i}", "messages": [{"role": "user", "content": question}], "answer": str(answer)}
+        )
+    return rows
+
+
+def write_small_data(out: str | Path, n_train: int = 512, n_test: int = 128) -> list[Path]:
+    """``out/train.jsonl`` and ``out/test.jsonl``: the ``small`` recipes' arithmetic sets (``arithmetic_rows``)."""
+    from formats.fs import write_text
+
+    paths = []
+    for split, n in (("train", n_train), ("test", n_test)):
+        path = Path(out) / f"{split}.jsonl"
+        write_text(path, "".join(json.dumps(r) + "\n" for r in arithmetic_rows(n, split=split)))
+        paths.append(path)
+    return paths
+
+
+def prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:
+    """A chat row goes through the tokenizer's chat template (generation prompt added, rendered as text then tokenised
+    without specials: the ids SFT trained the context on); a plain prompt is ``bos + prompt``."""
+    if "messages" in row:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("a {'messages': [...]} row needs a tokenizer with a chat template (this one has none)")
+        text = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+    return [tokenizer.bos_token_id, *ids] if tokenizer.bos_token_id is not None else ids
 
 
 def prefix_credit(completion: str, row: dict[str, Any], stopped: bool) -> float:
@@ -115,9 +169,7 @@ class TaskSource:
         epoch, i = divmod(self.cursor, n)
         row = self.task.rows[self._order(epoch)[i]]
         self.cursor += 1
-        ids = self.tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-        if self.tokenizer.bos_token_id is not None:
-            ids = [self.tokenizer.bos_token_id, *ids]
+        ids = prompt_ids(row, self.tokenizer)
         return Prompt(prompt_id=str(row["id"]), prompt_ids=ids, meta={"row_id": str(row["id"])})
 
     def reward(self, traj: Trajectory) -> float:
@@ -133,3 +185,20 @@ class TaskSource:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.cursor, self.seed = int(state["cursor"]), int(state["seed"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m posttrain.rl.task", description=write_small_data.__doc__)
+    p.add_argument("--write", required=True, metavar="DIR", help=f"output folder (shipped copy: {SMALL_DATA})")
+    p.add_argument("--n-train", type=int, default=512, help="rows in train.jsonl")
+    p.add_argument("--n-test", type=int, default=128, help="rows in test.jsonl")
+    args = p.parse_args(argv)
+    for path in write_small_data(args.write, args.n_train, args.n_test):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -68,3 +68,90 @@ def test_cli_distill_writes_one_row_per_step(tmp_path, extra):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all("rkl_reasoning" in r and "rkl_agentic" in r for r in rows)
+
+
+# -- the experts recipe: real model directories, prompt files per domain ------------------------------------------
+def _model_dir(out, seed, char_vocab=False):
+    """A tiny HF directory with a tokenizer (the pre-training BPE one with the chat template, or a character one)."""
+    from formats.chat import CHAT_TEMPLATE
+    from posttrain.tiny.lm import causal_lm
+    from tests.posttrain.sft_data import tiny_chat_model
+
+    if not char_vocab:
+        path = tiny_chat_model(out, seed=seed)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path)
+        tok.chat_template = CHAT_TEMPLATE
+        tok.save_pretrained(path)
+        return path
+    from posttrain.rl.task import char_tokenizer
+
+    tok = char_tokenizer()
+    torch.manual_seed(seed)
+    causal_lm(len(tok), 32, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _prompt_files(tmp_path):
+    r = tmp_path / "reasoning.jsonl"
+    r.write_text(json.dumps({"prompt": "Add 2 and 3."}) + "\n" + json.dumps({"prompt": "Add 4 and 1."}) + "\n")
+    a = tmp_path / "agentic.jsonl"
+    chat = {"messages": [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "List files."}]}
+    a.write_text(json.dumps(chat) + "\n")
+    return {"reasoning": str(r), "agentic": str(a)}
+
+
+def test_experts_prompts_come_from_the_files_through_the_students_chat_template(tmp_path):
+    from transformers import AutoTokenizer
+
+    from posttrain.rl.distill import experts
+
+    student = _model_dir(tmp_path / "student", seed=0)
+    teachers = {"reasoning": str(_model_dir(tmp_path / "t1", seed=1)), "agentic": str(_model_dir(tmp_path / "t2", 2))}
+    files = _prompt_files(tmp_path)
+    cfg = experts(
+        teacher_paths=teachers, student_path=str(student), prompts=files,
+        steps=1, queries_per_domain=2, samples_per_query=2, max_new_tokens=4, eval_queries=1, lr=1e-3,
+    )  # fmt: skip
+    stage = build(cfg)
+    tok = AutoTokenizer.from_pretrained(student)
+    chat = json.loads(open(files["agentic"]).read())["messages"]
+    rendered = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert rendered.endswith("<|im_start|>assistant\n")
+    assert stage.source.rows["agentic"] == [tok(rendered, add_special_tokens=False)["input_ids"]]
+    plain = tok("Add 2 and 3.", add_special_tokens=False)["input_ids"]
+    assert [tok.bos_token_id, *plain] in stage.source.rows["reasoning"]
+    row = stage.step(1)
+    assert {"gap_reasoning", "gap_agentic", "rkl_reasoning", "rkl_agentic"} <= set(row)
+    assert {name for name, _ in stage.teacher_calls} == {"reasoning", "agentic"}
+    # every sampled query's prompt is a row of its own domain's file
+    trajs = stage._sample(stage.engine, stage._requests("chk", {d: stage.source.draw(d, 2) for d in DOMAINS}, 1, 0))
+    for t in trajs:
+        assert t.prompt_ids in stage.source.rows[t.request.meta["domain"]]
+
+
+def test_experts_refuses_a_tokenizer_mismatch_and_the_toy_recipe_refuses_paths(tmp_path, capsys):
+    from posttrain.rl.distill import DistillRefused, TokenizerMismatch, experts
+
+    student = str(_model_dir(tmp_path / "student", seed=0))
+    odd = str(_model_dir(tmp_path / "char", seed=1, char_vocab=True))
+    files = _prompt_files(tmp_path)
+    cfg = experts(teacher_paths={"reasoning": student, "agentic": odd}, student_path=student, prompts=files)
+    with pytest.raises(TokenizerMismatch, match=r"tokenizer mismatch: teacher 'agentic' \(.*char\) vs student"):
+        build(cfg)
+    from pipelines.cli import main
+
+    argv = ["posttrain", "distill", "--config", "experts", "--out", str(tmp_path / "run"), "--student", student]
+    argv += ["--teacher", f"reasoning={student}", "--teacher", f"agentic={odd}"]
+    argv += [x for d, f in files.items() for x in ("--prompts", f"{d}={f}")]
+    assert main(argv) == 2  # the CLI says why on stderr and exits 2, before any model is loaded
+    assert "tokenizer mismatch: teacher 'agentic'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(DistillRefused, match="need --config experts"):
+        build(debug(student_path=student))
+    with pytest.raises(DistillRefused, match="missing: prompts"):
+        build(experts(teacher_paths={"reasoning": student}, student_path=student))
+    with pytest.raises(DistillRefused, match="one prompt file per teacher domain"):
+        build(experts(teacher_paths={"reasoning": student}, student_path=student, prompts=files))

@@ -64,3 +64,18 @@ def test_jsonl_task_source_rewards_and_cursor(tmp_path):
     assert src.reward(t) == 1.0
     t.token_ids, t.finish_reason = answer_ids, FINISH_LENGTH
     assert src.reward(t) == 0.0
+
+
+def test_small_recipe_data_ships_and_is_the_generators_output(tmp_path):
+    from posttrain.rl.recipes import small
+    from posttrain.rl.task import SMALL_DATA, arithmetic_rows, write_small_data
+
+    cfg = small()
+    assert cfg.task.jsonl == str(SMALL_DATA / "train.jsonl")
+    for path in write_small_data(tmp_path):  # the shipped files are exactly what the command writes
+        assert path.read_text() == (SMALL_DATA / path.name).read_text()
+    rows = JsonlTask.from_jsonl(cfg.task.jsonl).rows
+    assert len(rows) == 512 and len({r["id"] for r in rows}) == 512
+    for r in arithmetic_rows(50, split="check"):  # answers are the expressions' values
+        expr = r["messages"][0]["content"].removeprefix("What is ").removesuffix("? Reply with the integer only.")
+        assert int(r["answer"]) == eval(expr)  # noqa: S307 -- digits and + - * written by the generator
