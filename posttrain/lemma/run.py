@@ -50,7 +50,7 @@ def build_caller(cfg: SolveConfig) -> RoleCaller:
     if cfg.model == "tiny":
         import torch
 
-        from posttrain.tiny_lm import causal_lm
+        from posttrain.tiny.lm import causal_lm
 
         codec = char_codec()
         torch.manual_seed(cfg.seed)
