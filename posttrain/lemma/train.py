@@ -263,8 +263,8 @@ class LemmaStage:
             "bc_examples": len(examples),
             "bc_tokens": sum(sum(e.loss_mask) for e in examples),
             "bc_scripted_solved": n_solved / len(traces),
-            "bc_loss_first": sum(losses[:4]) / len(losses[:4]),
-            "bc_loss_last": sum(losses[-4:]) / len(losses[-4:]),
+            "bc_loss_first": losses[0],
+            "bc_loss_last": losses[-1],
             "bc_updates": len(losses),
         }
 

@@ -31,9 +31,6 @@ SMALL = [
     "cold_start.rollouts=2",
     "cold_start.epochs=3",
     "agent.max_revisions=1",
-    "agent.reasoner_tokens=60",
-    "agent.summariser_tokens=60",
-    "agent.reviser_tokens=20",
 ]
 
 
