@@ -23,13 +23,14 @@ from tests.posttrain.rl.test_resume_stages import checkpoint_step
 pytestmark = pytest.mark.slow
 
 SMALL = [
-    "steps=3",
+    "steps=2",
     "questions=2",
     "rollouts=2",
     "drop_saturated=false",  # 2 rollouts of a tiny policy are often both wrong: keep them so steps train
     "task.n_train=2",
     "cold_start.rollouts=2",
     "cold_start.epochs=3",
+    "agent.max_rounds=1",
     "agent.max_revisions=1",
 ]
 
@@ -49,14 +50,14 @@ def test_debug_run_writes_oreal_rows(tmp_path) -> None:
     done = subprocess.run(cmd(out), env=env(), check=True, capture_output=True, text=True)
     assert "accepted lemmas per round" in done.stdout
     got = rows(out)
-    assert [r["step"] for r in got] == [0, 1, 2, 3]  # step 0: the cold start
+    assert [r["step"] for r in got] == [0, 1, 2]  # step 0: the cold start
     bc = got[0]
     assert bc["bc_examples"] > 0 and bc["bc_loss_last"] < bc["bc_loss_first"]
     for r in got[1:]:
         for k in ("reward", "solved", "accepted_per_round", "uncertain_per_round", "masked_rounds", "loss", "lr"):
             assert k in r, k
         assert 0.0 <= r["masked_rounds"] <= 1.0 and r["trained_calls"] > 0
-    assert got[-1]["version"] == 3  # one learner update per step
+    assert got[-1]["version"] == 2  # one learner update per step
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["reward"] == "conjugate" and cfg["graph_credit"] is True and cfg["verifier"] == "noisy"
     assert (out / "policy" / "config.json").exists()
@@ -91,14 +92,14 @@ def test_kill_9_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path) -> 
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed_at = checkpoint_step(out)
-    assert 1 <= killed_at < 3, "killed too late to test a resume"
+    assert killed_at == 1, "killed too late to test a resume"
     subprocess.run(cmd(out, "--resume"), env=env(), check=True, capture_output=True)
 
     got, want = rows(out), rows(ref)
-    assert [r["step"] for r in got] == [r["step"] for r in want] == [0, 1, 2, 3]
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [0, 1, 2]
     trained = [i for r in rows(out, "trained.jsonl") for i in r["ids"]]
     assert len(trained) == len(set(trained))  # no trajectory trained twice
-    assert [r["step"] for r in rows(out, "trained.jsonl")] == [1, 2, 3]
+    assert [r["step"] for r in rows(out, "trained.jsonl")] == [1, 2]
     # rollouts are a function of (seed, step, weights) and the checkpoint restores weights, optimizer and the
     # noisy verifier's draws: the resumed run trains on the very calls the uninterrupted one did
     ref_ids = [i for r in rows(ref, "trained.jsonl") for i in r["ids"]]
