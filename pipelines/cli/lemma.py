@@ -7,7 +7,14 @@
 
 Prints each problem's rounds (new lemmas, answer, round value, masked rounds), the lemma memory (status and
 passing checks), the dependency graph and the final answer; ``--out`` writes the whole trace as JSON (every
-engine call's token ids and logprobs, memory, graph credit). Training on the RL driver is not wired yet.
+engine call's token ids and logprobs, memory, graph credit).
+
+    scifolio posttrain lemma train --config debug --out runs/lemma            # OREAL-H, tiny policy, CPU
+    scifolio posttrain lemma train --config s1mo --out runs/s1mo --set policy=/models/qwen
+    scifolio posttrain lemma train --config debug --out runs/lemma --resume   # after a crash / kill -9
+
+``train`` runs OREAL-H on the one RL driver (posttrain/lemma/train.py): cold-start BC, then per step questions ×
+rollouts agent runs, conjugate reward + graph credit per round, one learner update; a metrics row per step.
 """
 
 from __future__ import annotations
@@ -39,6 +46,23 @@ def register(posttrain_sub: argparse._SubParsersAction) -> None:
     add_set(s, "agent.max_rounds=4, p_correct=0.9, reward=ratio")
     s.set_defaults(func=run_solve)
 
+    t = sub.add_parser(
+        "train",
+        help="OREAL-H training of the agent on the RL driver (cold-start BC, then conjugate reward + graph credit)",
+        description="debug: a tiny random policy (character codec) cold-started by cloning the scripted reasoner, "
+        "noisy verifier, 20 steps on CPU. s1mo: Intern-S1-MO's recipe (64 questions x 16 rollouts, pass rate 0/1 "
+        "dropped, AdamW lr 5e-7 cosine to 1/5, KL beta 0.01, calls up to 65,536 tokens); it needs a real policy: "
+        "--set policy=DIR (a local Hugging Face model directory with its tokenizer). Ablations: --set reward=ratio, "
+        "--set graph_credit=false.",
+    )
+    t.add_argument("--config", default="debug", help="recipe name (posttrain/lemma/train.py: debug, s1mo)")
+    t.add_argument("--out", required=True, help="run directory (config.json, metrics.jsonl, checkpoint/, policy/)")
+    t.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint after a crash / kill -9")
+    add_set(t, "steps=4, reward=ratio, graph_credit=false, policy=/models/qwen")
+    t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(func=run_train)
+
 
 def run_solve(args: argparse.Namespace) -> int:
     from posttrain.lemma.credit import batch_metrics
@@ -69,4 +93,31 @@ def run_solve(args: argparse.Namespace) -> int:
     if args.out:
         write_trace(args.out, cfg, records, metrics)
         print(f"trace: {args.out}")
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from posttrain.lemma.train import RECIPES, run
+
+    if args.config not in RECIPES:
+        print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
+        return 2
+    cfg = apply_sets(RECIPES[args.config](), args.set)
+    if args.print_config:
+        print(json.dumps(dataclasses.asdict(cfg), indent=2))
+        return 0
+    if not cfg.policy:
+        print(f"error: --config {args.config} needs a policy: --set policy=DIR (a local HF model)", file=sys.stderr)
+        return 2
+    rows = run(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+    if rows:
+        last = rows[-1]
+        print(
+            f"step {last['step']}: reward {last['reward']:.3f}, solved {last['solved']:.3f}, accepted lemmas per "
+            f"round {last['accepted_per_round']:.2f}, uncertain {last['uncertain_per_round']:.2f}, masked rounds "
+            f"{last['masked_rounds']:.2f}; policy at {args.out}/policy"
+        )
     return 0

@@ -1,0 +1,80 @@
+"""OREAL-H debug run of the lemma agent, and its two ablations with the same seeds (issue 23, item 5).
+
+    PYTHONPATH=. nice python benchmarks/lemma_train.py --json benchmarks/results/lemma_train.json
+    PYTHONPATH=. nice python benchmarks/lemma_train.py --arm ratio --steps 20 --out /tmp/lemma_bench
+
+Arms (``posttrain.lemma.train.with_ablation``): ``full`` (centred conjugate reward + lemma-graph credit),
+``ratio`` (raw pass ratio k/n as the final reward), ``no_graph`` (graph credit off: every unmasked round gets the
+final reward). Each arm is ``scifolio posttrain lemma train --config debug`` (cold-start BC on the scripted
+reasoner, then RL on the tiny policy) in its own run directory; the arms share every seed, so their cold starts and
+first rollouts are identical. Reported per arm: the mean ``reward`` of the first and last 10 steps (the arm's own
+reward), the same for the centred conjugate reward (``reward_conjugate``, comparable across arms) and for the
+solve rate against the reference. Target (issue 23): last 10 ≥ first 10 + 0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from posttrain.lemma.train import debug, run, with_ablation
+
+ARMS = ("full", "ratio", "no_graph")
+
+
+def summarise(rows: list[dict], window: int) -> dict[str, float]:
+    rl = [r for r in rows if r.get("step", 0) >= 1]
+    out: dict[str, float] = {"steps": len(rl)}
+    w = min(window, len(rl) // 2) or 1
+    for k in ("reward", "reward_conjugate", "solved", "accepted_per_round", "masked_rounds"):
+        first = [r[k] for r in rl[:w]]
+        last = [r[k] for r in rl[-w:]]
+        out[f"{k}_first"] = sum(first) / len(first)
+        out[f"{k}_last"] = sum(last) / len(last)
+        out[f"{k}_gain"] = out[f"{k}_last"] - out[f"{k}_first"]
+    return out
+
+
+def read_rows(out: Path) -> list[dict]:
+    p = out / "metrics.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arm", action="append", choices=ARMS, help="arms to run (default: all three)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--window", type=int, default=10)
+    ap.add_argument("--out", default="/tmp/lemma_train_bench")
+    ap.add_argument("--report-only", action="store_true", help="summarise existing run directories, run nothing")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    results = {}
+    for arm in a.arm or ARMS:
+        out = Path(a.out) / arm
+        t0 = time.time()
+        if not a.report_only:
+            run(with_ablation(replace(debug(), steps=a.steps), arm), str(out), progress=False)
+        rows = read_rows(out)
+        s = summarise(rows, a.window)
+        s["wall_s"] = time.time() - t0
+        results[arm] = s
+    print(f"{'arm':<9} steps  reward first→last (gain)   conjugate first→last (gain)   solved first→last (gain)")
+    for arm, s in results.items():
+        print(
+            f"{arm:<9} {s['steps']:>5}  {s['reward_first']:.3f}→{s['reward_last']:.3f} ({s['reward_gain']:+.3f})"
+            f"        {s['reward_conjugate_first']:.3f}→{s['reward_conjugate_last']:.3f} "
+            f"({s['reward_conjugate_gain']:+.3f})       {s['solved_first']:.3f}→{s['solved_last']:.3f} "
+            f"({s['solved_gain']:+.3f})"
+        )
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

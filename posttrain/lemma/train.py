@@ -1,0 +1,363 @@
+"""OREAL-H training of the lemma-memory agent on the one RL driver (``posttrain.rl.loop.run_stage``).
+
+    scifolio posttrain lemma train --config debug --out runs/lemma          # tiny policy, CPU, minutes
+    scifolio posttrain lemma train --config s1mo --out runs/s1mo --set policy=/models/qwen   # S1-MO's recipe
+
+``LemmaStage`` per driver step: ``questions`` task-family questions, each solved ``rollouts`` times by the agent
+(one policy with role prompts on the policy's own ``HFEngine``; lemmas and answers checked by the configured
+verifier, the noisy wrapper at P 0.931 / R 0.818 in ``debug``); the final reward (centred conjugate, or the raw
+pass ratio as an ablation) and the lemma graph credit (or, as an ablation, the final reward on every round)
+give per-round values; ``hier.hierarchical_batch`` turns them into one ``Trajectory`` per reasoner / summariser /
+reviser call with the round advantage (value − leave-one-out mean of the other rollouts' rewards) on its tokens,
+masks no-lemma rounds and drops questions whose pass rate is 0 or 1; one ``Learner.update`` (detached IS weight,
+BKL at matched weights, KL β to the cold-started policy). ``warmup`` is the cold start: behavioural cloning on the
+scripted reasoner's credited rounds of solved problems (``bc.py``), since a tiny random policy writes no
+parseable lemma; the KL reference is the cloned policy.
+
+Rollouts are seeded by (seed, step) and the noisy verifier's draw counter is checkpointed, so a resumed run
+samples what the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+
+from posttrain.lemma.agent import AgentConfig, LemmaAgent, Trace
+from posttrain.lemma.bc import BCExample, collate, examples_from_traces, solved
+from posttrain.lemma.credit import batch_metrics
+from posttrain.lemma.hier import hierarchical_batch
+from posttrain.lemma.roles import HFCodec, RoleCaller, char_codec
+from posttrain.lemma.tasks import make_rows
+from posttrain.lemma.verifiers import FormalVerifier, LemmaVerifier, ModelVerifier, NoisyVerifier
+from posttrain.rl.learner import Learner, LearnerConfig, pack
+from posttrain.rollout.scheduler import Batch
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The lemma-chain questions trained on (``tasks.make_rows``, train split)."""
+
+    n_train: int = 8
+    """Questions in the training pool (each step draws ``questions`` of them)."""
+    steps: int = 2
+    """Chain length of a question (lemmas on the way to the answer)."""
+    magnitude: int = 1
+    """Size of the numbers."""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ColdStartConfig:
+    """Behavioural cloning before RL on the scripted reasoner's credited rounds of solved problems."""
+
+    enabled: bool = True
+    p_correct: float = 0.9
+    """Scripted reasoner: probability one derived step is right (only solved problems' rounds are kept)."""
+    rollouts: int = 4
+    """Scripted runs per training question (the BC set is their successful, credited rounds)."""
+    epochs: int = 40
+    """Passes over the BC examples."""
+    batch_size: int = 16
+    lr: float = 3e-3
+    """AdamW learning rate of the cold start (its own optimizer; the RL learner's is untouched)."""
+
+
+@dataclass(frozen=True)
+class LemmaTrainConfig:
+    """``scifolio posttrain lemma train``: OREAL-H on the one RL driver."""
+
+    policy: str = "tiny"
+    """``tiny`` (a random 2-layer Qwen2 over the character codec, built offline) or a local Hugging Face model
+    directory with its tokenizer."""
+    steps: int = 20
+    """Learner steps."""
+    questions: int = 4
+    """Questions per step."""
+    rollouts: int = 4
+    """Agent runs per question (the group of the leave-one-out baseline)."""
+    reward: str = "conjugate"
+    """Final reward: ``conjugate`` (centred conjugate reward of the answer's k of n checks) or ``ratio`` (raw pass
+    ratio k/n; ablation)."""
+    graph_credit: bool = True
+    """Round values from the lemma dependency graph (reward injected at terminal success lemmas and propagated
+    back); false: the ablation giving every unmasked round the final reward."""
+    drop_saturated: bool = True
+    """Drop questions whose rollouts all succeed or all fail (pass rate 0 or 1; S1-MO)."""
+    verifier: str = "noisy"
+    """``noisy`` (simulated P/R over the formal checker), ``formal`` (sympy; 0 or n passes only) or ``model`` (the
+    policy in the verifier role; its calls are not trained)."""
+    precision: float = 0.931
+    """Noisy verifier precision (the report's lemma verifier)."""
+    recall: float = 0.818
+    """Noisy verifier recall."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    cold_start: ColdStartConfig = field(default_factory=ColdStartConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    temperature: float = 1.0
+    """Sampling temperature of every role."""
+    max_tokens: int = 4096
+    """Longest sequence (prompt + response) of one call; prompts beyond it lose the middle of their memory."""
+    engine_capacity: int = 64
+    """Requests the policy's ``HFEngine`` decodes at once."""
+    hidden_size: int = 64
+    """``policy=tiny`` only: width of the random Qwen2."""
+    torch_threads: int = 0
+    """``torch.set_num_threads`` (0 = leave as is)."""
+    seed: int = 0
+
+
+def debug() -> LemmaTrainConfig:
+    """Tiny policy on CPU: 1-step chains, 4 training questions × 4 rollouts per step, 2 reasoning rounds and 1
+    revision, noisy verifier, cold start by BC, 20 steps. Sized for a dedicated 2-core machine (every character
+    is a token, so the role prompts alone are ~500 tokens)."""
+    agent = AgentConfig(max_rounds=2, max_revisions=1, reasoner_tokens=150, summariser_tokens=150, reviser_tokens=30)
+    learner = LearnerConfig(
+        lr=1e-4, schedule="cosine", min_lr_ratio=0.2, n_minibatches=2, kl_beta=0.01, bkl_phi=0.1, seed=0
+    )
+    return LemmaTrainConfig(
+        agent=agent,
+        learner=learner,
+        task=TaskConfig(n_train=4, steps=1),
+        cold_start=ColdStartConfig(rollouts=4, epochs=20, lr=3e-3),
+        max_tokens=1024,
+        torch_threads=2,
+    )
+
+
+def s1mo() -> LemmaTrainConfig:
+    """Intern-S1-MO's recipe: 64 questions × 16 rollouts, drop pass rate 0/1, AdamW, lr 5e-7 cosine to 1/5, KL β
+    0.01, calls up to 65,536 tokens, the SPEC's 8 + 8 rounds. Needs a real policy: ``--set policy=DIR`` (a local
+    Hugging Face model with its tokenizer); the tiny one writes no usable reasoning at this scale."""
+    agent = AgentConfig(reasoner_tokens=32768, summariser_tokens=4096, reviser_tokens=4096)
+    learner = LearnerConfig(lr=5e-7, schedule="cosine", min_lr_ratio=0.2, kl_beta=0.01, optimizer="adamw")
+    return LemmaTrainConfig(
+        policy="",
+        steps=200,
+        questions=64,
+        rollouts=16,
+        agent=agent,
+        learner=learner,
+        task=TaskConfig(n_train=4096, steps=4, magnitude=2),
+        cold_start=ColdStartConfig(rollouts=4, epochs=2, lr=1e-5),
+        max_tokens=65536,
+        engine_capacity=256,
+    )
+
+
+RECIPES = {"debug": debug, "s1mo": s1mo}
+"""Named configs for ``scifolio posttrain lemma train --config NAME``."""
+
+
+def build_policy(cfg: LemmaTrainConfig) -> tuple[torch.nn.Module, HFCodec]:
+    if cfg.policy == "tiny":
+        from posttrain.tiny.lm import causal_lm
+
+        codec = char_codec()
+        torch.manual_seed(cfg.seed)
+        model = causal_lm(len(codec.tokenizer), cfg.hidden_size, max_position_embeddings=cfg.max_tokens + 8)
+        return model, codec
+    if not cfg.policy:
+        raise ValueError("this recipe needs a policy: --set policy=DIR (a local Hugging Face model directory)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    codec = HFCodec(AutoTokenizer.from_pretrained(cfg.policy, local_files_only=True))
+    model = AutoModelForCausalLM.from_pretrained(cfg.policy, local_files_only=True, torch_dtype=torch.float32)
+    return model.eval(), codec
+
+
+def _prompt_cap(cfg: LemmaTrainConfig) -> int:
+    a = cfg.agent
+    return max(64, cfg.max_tokens - max(a.reasoner_tokens, a.summariser_tokens, a.reviser_tokens))
+
+
+class LemmaStage:
+    """``posttrain lemma train`` as a stage of the one driver."""
+
+    name = "posttrain lemma"
+
+    def __init__(self, cfg: LemmaTrainConfig) -> None:
+        from posttrain.rollout.engines.hf import HFEngine
+
+        if cfg.reward not in ("conjugate", "ratio"):
+            raise ValueError(f"reward={cfg.reward!r}: conjugate | ratio")
+        self.cfg, self.steps = cfg, cfg.steps
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        model, self.codec = build_policy(cfg)
+        self.tokenizer = self.codec.tokenizer
+        self.learner = Learner(model, cfg.learner, cfg.temperature, 1.0, total_versions=cfg.steps)
+        self.engine = HFEngine(copy.deepcopy(model), capacity=cfg.engine_capacity)
+        self.caller = RoleCaller(self.engine, self.codec, cfg.temperature, cfg.seed, _prompt_cap(cfg))
+        self.verifier = self._verifier()
+        self.rows = make_rows(cfg.task.n_train, cfg.task.seed, "train", cfg.task.steps, cfg.task.magnitude)
+        self.step_index = 0
+        self._stats: dict[str, float] = {}
+
+    def _verifier(self) -> LemmaVerifier:
+        c = self.cfg
+        if c.verifier == "noisy":
+            return NoisyVerifier(c.precision, c.recall, seed=c.seed)
+        if c.verifier == "formal":
+            return FormalVerifier()
+        if c.verifier == "model":
+            return ModelVerifier(self.caller)
+        raise ValueError(f"verifier={c.verifier!r}: noisy | formal | model")
+
+    def config(self) -> dict[str, Any]:
+        return asdict(self.cfg)
+
+    # -- cold start ---------------------------------------------------------------------------------------
+    def bc_examples(self) -> tuple[list[BCExample], list[Trace]]:
+        """The scripted reasoner on every training question (``cold_start.rollouts`` times, its own noisy
+        verifier), through the agent with the training budgets; the credited rounds of the solved ones."""
+        from posttrain.lemma.scripted import scripted_caller
+
+        cs, cfg = self.cfg.cold_start, self.cfg
+        caller = scripted_caller(cs.p_correct, tokens_per_step=0, seed=cfg.seed + 1)
+        caller.codec, caller.policy.codec = self.codec, self.codec
+        caller.max_prompt_tokens = _prompt_cap(cfg)
+        rows = [{**r, "id": f"{r['id']}#bc{g}"} for r in self.rows for g in range(cs.rollouts)]
+        verifier = NoisyVerifier(cfg.precision, cfg.recall, seed=cfg.seed + 1)
+        traces = LemmaAgent(caller, verifier, cfg.agent).solve(rows)
+        return examples_from_traces(traces, cfg.reward), traces
+
+    def warmup(self) -> dict[str, Any] | None:
+        cs = self.cfg.cold_start
+        if not cs.enabled:
+            return None
+        examples, traces = self.bc_examples()
+        if not examples:
+            raise RuntimeError("cold start: the scripted reasoner solved no training question")
+        model = self.learner.model
+        opt = torch.optim.AdamW(model.parameters(), lr=cs.lr)
+        gen = torch.Generator().manual_seed(self.cfg.seed)
+        pad = self.tokenizer.pad_token_id or 0
+        model.train()
+        losses = []
+        for _ in range(cs.epochs):
+            order = torch.randperm(len(examples), generator=gen).tolist()
+            for i in range(0, len(order), cs.batch_size):
+                b = collate([examples[j] for j in order[i : i + cs.batch_size]], pad_id=pad)
+                logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False).logits
+                lp = torch.log_softmax(logits[:, :-1].float(), -1)
+                nll = -lp.gather(-1, b["input_ids"][:, 1:, None]).squeeze(-1)
+                m = b["loss_mask"][:, 1:].float() * b["weight"][:, None]
+                loss = (nll * m).sum() / m.sum().clamp(min=1)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                losses.append(float(loss.detach()))
+        model.eval()
+        if self.learner.reference is not None:  # KL β anchors RL to the cloned policy, not the random one
+            self.learner.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.sync()
+        n_solved = sum(solved(t) for t in traces)
+        return {
+            "bc_examples": len(examples),
+            "bc_tokens": sum(sum(e.loss_mask) for e in examples),
+            "bc_scripted_solved": n_solved / len(traces),
+            "bc_loss_first": losses[0],
+            "bc_loss_last": losses[-1],
+            "bc_updates": len(losses),
+        }
+
+    # -- the RL step ----------------------------------------------------------------------------------------
+    def collect(self) -> Batch:
+        cfg, step = self.cfg, self.step_index
+        rng = random.Random(f"{cfg.seed}/questions/{step}")
+        qs = rng.sample(self.rows, min(cfg.questions, len(self.rows)))
+        rows = [{**r, "id": f"{r['id']}#s{step}g{g}"} for r in qs for g in range(cfg.rollouts)]
+        self.caller.seed = cfg.seed * 1_000_003 + step  # rollouts of step k are a function of (seed, k, weights)
+        self.caller._n = 0
+        self.caller.calls.clear()
+        traces = LemmaAgent(self.caller, self.verifier, cfg.agent).solve(rows)
+        groups = [traces[i * cfg.rollouts : (i + 1) * cfg.rollouts] for i in range(len(qs))]
+        trajs, adv, kept = hierarchical_batch(
+            groups, cfg.reward, graph=cfg.graph_credit, drop_saturated=cfg.drop_saturated
+        )
+        self._adv = adv
+        m = batch_metrics(traces, cfg.reward)
+        conj = batch_metrics(traces, "conjugate")["reward"] if cfg.reward != "conjugate" else m["reward"]
+        self._stats = {
+            **m,
+            "reward_conjugate": conj,
+            "questions_kept": len(kept),
+            "questions_dropped": len(qs) - len(kept),
+            "trained_calls": len(trajs),
+            "trained_tokens": sum(sum(t.loss_mask) for t in trajs),
+            "parse_errors_per_round": sum(len(r.parse_errors) for t in traces for r in t.rounds)
+            / max(1, sum(len(t.rounds) for t in traces)),
+        }
+        by_q: dict[str, list] = {}
+        for t in trajs:
+            by_q.setdefault(t.group_id.rsplit("g", 1)[0], []).append(t)
+        self.step_index += 1
+        return Batch(groups=list(by_q.values()), version=self.learner.version, stats=dict(self._stats))
+
+    def train(self, batch: Batch) -> dict[str, Any]:
+        order = [t for g in batch.groups for t in g]  # the order of hier's rows (groups are consecutive runs)
+        if not order:  # every question saturated: no gradient this step (the version still advances)
+            self.learner.version += 1
+            return {"loss": 0.0, "skipped_update": 1}
+        p = pack(order, self.learner.version)
+        a = torch.zeros_like(p.behaviour)
+        T = min(a.shape[1], self._adv.shape[1])
+        a[:, :T] = self._adv[:, :T]
+        m = self.learner.update(p, a)
+        return {**m, "skipped_update": 0}
+
+    def sync(self) -> None:
+        self.engine.update_weights(self.learner.weights(), self.learner.version)
+
+    def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
+        keys = ("loss", "clip_fraction", "kl", "lr", "bkl_masked_fraction", "mismatch_abs_mean", "kept_tokens")
+        return {
+            "version": self.learner.version,
+            **self._stats,
+            **{k: metrics[k] for k in keys if k in metrics},
+            "skipped_update": metrics.get("skipped_update", 0),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        ref = self.learner.reference
+        seen = dict(self.verifier._seen) if isinstance(self.verifier, NoisyVerifier) else None
+        return {
+            "step_index": self.step_index,
+            "reference": None if ref is None else ref.state_dict(),
+            "verifier_seen": seen,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step_index = int(state["step_index"])
+        if state.get("reference") is not None and self.learner.reference is not None:
+            self.learner.reference.load_state_dict(state["reference"])
+        if state.get("verifier_seen") is not None and isinstance(self.verifier, NoisyVerifier):
+            self.verifier._seen.clear()
+            self.verifier._seen.update(state["verifier_seen"])
+        self.sync()
+
+    def close(self) -> None:
+        return None
+
+
+def run(cfg: LemmaTrainConfig, out: str, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
+    """The driver over a ``LemmaStage``; rows as ``run_stage`` returns them (step 0, the cold start, in the file)."""
+    from posttrain.rl.loop import run_stage
+
+    return run_stage(LemmaStage(cfg), out, resume=resume, progress=progress)
+
+
+def with_ablation(cfg: LemmaTrainConfig, name: str) -> LemmaTrainConfig:
+    """``full`` | ``ratio`` (raw pass ratio reward) | ``no_graph`` (graph credit off); same seeds."""
+    return {
+        "full": cfg,
+        "ratio": replace(cfg, reward="ratio"),
+        "no_graph": replace(cfg, graph_credit=False),
+    }[name]
