@@ -118,11 +118,12 @@ def bwrap_argv(argv: list[str], workdir: Path, limits: SandboxLimits, uid: int |
             cmd += ["--ro-bind", p, p]
     cmd += ["--ro-bind", "/etc", "/etc"]
     made: set[str] = {"/usr", "/etc", "/tmp"}
+    # The private /tmp first: a Python (a CI checkout's venv) or a task directory under /tmp is bound over it.
+    cmd += ["--size", str(limits.tmp_mb * 2**20), "--perms", "1777", "--tmpfs", "/tmp"]
     for r in _python_roots():
         real = os.path.realpath(r)
         cmd += _mkdirs(r, made) + ["--ro-bind", real, r]
         made.add(r)
-    cmd += ["--size", str(limits.tmp_mb * 2**20), "--perms", "1777", "--tmpfs", "/tmp"]
     cmd += _mkdirs(work, made) + ["--bind", work, work, "--chdir", work]
     cmd += ["--proc", "/proc", "--dev", "/dev"]
     cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try"]
