@@ -73,20 +73,12 @@ def test_speculative_engine_workers_load_the_drivers_draft_and_report_like_one_e
     the single engine's. Two prompt lengths make several verification groups per step."""
     if not in_loopback_namespace():
         pytest.skip("Ray binds every interface: run inside `unshare -n sh -c 'ip link set lo up && exec pytest ...'`")
-    import functools
 
     import ray
     import torch
 
-    from posttrain.ray_actors import (
-        RayEngine,
-        SpeculativeEngineFactory,
-        _rl_draft_model,
-        _rl_policy_model,
-        init_ray,
-        shutdown_ray,
-        start_engine_workers,
-    )
+    from posttrain.ray_actors import RayEngine, init_ray, shutdown_ray, start_engine_workers
+    from posttrain.rl.engines import EngineFactory, resolve
     from posttrain.rl.loop import build_draft, build_policy
     from posttrain.rl.recipes import debug
     from posttrain.rollout.engines.speculative import SpeculativeEngine
@@ -120,9 +112,7 @@ def test_speculative_engine_workers_load_the_drivers_draft_and_report_like_one_e
 
     init_ray("local", num_cpus=2)
     try:
-        factory = SpeculativeEngineFactory(
-            functools.partial(_rl_policy_model, cfg), functools.partial(_rl_draft_model, cfg), k=3, capacity=8
-        )
+        factory = EngineFactory(resolve(cfg), capacity=8)  # what `posttrain rl --ray --speculative` starts
         workers = start_engine_workers(factory, n_workers=2)
         engine = RayEngine(workers)
         assert engine.speculative and engine.capacity == 16

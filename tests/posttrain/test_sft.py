@@ -122,10 +122,16 @@ def test_trace_export_skip_step_is_in_context_and_out_of_the_loss(lm: Path, tok,
     from posttrain.agentic.traces import TraceStore
 
     ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    from posttrain.rollout.types import Request, Trajectory
+
+    def traj(rid: str, prompt: list[int], out: list[int]) -> Trajectory:  # the engine's capture of one call
+        n = len(out)
+        return Trajectory(Request(rid, prompt), out, [0.0] * n, [0] * n, [1] * n, None, "stop")
+
     store = TraceStore()
-    c0 = store.record_call("c0", "s", None, ("ask", ids("ask the tool")), ("a0", ids("first try"), [0.0] * 2, [0] * 2, None), "stop")  # fmt: skip
-    r0 = ids("first try")
-    store.record_call("c1", "s", c0["response_node"], ("tool", ids(" tool says")), ("a1", ids(" final"), [0.0], [0], None), "stop")  # fmt: skip
+    ask, r0, said, final = ids("ask the tool"), ids("first try"), ids(" tool says"), ids(" final")
+    c0 = store.record_call("c0", "s", None, ("ask", ask), "a0", traj("c0", ask, r0), "stop")
+    store.record_call("c1", "s", c0["response_node"], ("tool", said), "a1", traj("c1", ask + r0 + said, final), "stop")
     store.mark_skip("c0")
     export = store.session_export("s")
     path = write_jsonl(tmp_path / "traces.jsonl", [export])
