@@ -137,7 +137,9 @@ def init_distributed() -> tuple[int, int]:
     from deepspeed.accelerator import get_accelerator
 
     backend = "gloo" if get_accelerator().device_name() == "cpu" else get_accelerator().communication_backend_name()
-    if "RANK" in os.environ:  # started by deepspeed / torchrun: env:// rendezvous at MASTER_ADDR:MASTER_PORT
+    launched = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    # A bare RANK is not a launcher: a world of one sets RANK/WORLD_SIZE below, and processes it starts inherit them.
+    if launched:  # started by deepspeed / torchrun: env:// rendezvous at MASTER_ADDR:MASTER_PORT
         deepspeed.init_distributed(dist_backend=backend)
     else:
         import tempfile
