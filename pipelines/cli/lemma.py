@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipelines.cli.options import add_set, apply_sets
+from pipelines.cli.options import add_set, apply_sets, recipe_config
 
 
 def register(posttrain_sub: argparse._SubParsersAction) -> None:
@@ -97,17 +97,9 @@ def run_solve(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import dataclasses
-    import json
-
     from posttrain.lemma.train import RECIPES, run
 
-    if args.config not in RECIPES:
-        print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
-        return 2
-    cfg = apply_sets(RECIPES[args.config](), args.set)
-    if args.print_config:
-        print(json.dumps(dataclasses.asdict(cfg), indent=2))
+    if (cfg := recipe_config(RECIPES, args)) is None:
         return 0
     if not cfg.policy:
         print(f"error: --config {args.config} needs a policy: --set policy=DIR (a local HF model)", file=sys.stderr)

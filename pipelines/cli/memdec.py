@@ -18,7 +18,7 @@ import argparse
 import json
 import sys
 
-from pipelines.cli.options import add_set, apply_sets
+from pipelines.cli.options import add_set, recipe_config
 
 STAGES = ("prepare", "build-datastore", "train", "train-router", "eval", "all")
 
@@ -50,19 +50,16 @@ def register(subparsers: argparse._SubParsersAction, alias: bool = True) -> None
         )
         add_set(s, "memory.steps=50 or store.uri=http://127.0.0.1:19530")
         s.add_argument("--quiet", action="store_true", help="no progress bars")
+        s.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         if stage in ("train", "all"):
-            s.add_argument("--resume", action="store_true", help="continue the memory from <work-dir>/memory/ckpt")
+            s.add_argument(
+                "--resume", action="store_true", help="continue the memory from <work-dir>/memory/checkpoint/state.pt"
+            )
         if stage in ("eval", "all"):
             s.add_argument("--check", action="store_true", help="exit 1 when a claim of the experiment fails")
         if stage in ("build-datastore", "all"):
             s.add_argument("--fresh", action="store_true", help="drop the collections and the cursor first")
         s.set_defaults(func=run_memdec)
-
-
-def config_from_args(args: argparse.Namespace):
-    from posttrain.memdec.config import RECIPES
-
-    return apply_sets(RECIPES[args.config](work_dir=args.work_dir), args.set)
 
 
 def open_store(cfg):
@@ -86,12 +83,10 @@ def run_memdec(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from posttrain.memdec import run
+    from posttrain.memdec.config import RECIPES
 
-    try:
-        cfg = config_from_args(args)
-    except (KeyError, TypeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if (cfg := recipe_config(RECIPES, args, given={"work_dir": args.work_dir})) is None:
+        return 0
     stage = args.memdec_command
     todo = STAGES[:-1] if stage == "all" else (stage,)
     try:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from formats.overrides import parse_sets, with_overrides
@@ -46,3 +47,31 @@ def apply_sets(cfg: Any, sets: Sequence[str]) -> Any:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: --set {msg}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def recipe_config(
+    recipes: Mapping[str, Callable[..., Any]],
+    args: argparse.Namespace,
+    sets: Sequence[str] | None = None,
+    given: Mapping[str, Any] | None = None,
+    finish: Callable[[Any], Any] | None = None,
+    refused: tuple[type[Exception], ...] = (),
+    to_dict: Callable[[Any], Any] = dataclasses.asdict,
+) -> Any | None:
+    """The config of recipe ``args.config`` built with ``given`` keyword arguments, ``--set`` applied (``sets``,
+    default ``args.set``) and then ``finish`` (e.g. the engine resolution). An unknown recipe or a ``refused``
+    error exits with status 2 and says why. With ``args.print_config`` it prints the config as json and returns
+    None: the caller then stops with status 0."""
+    if args.config not in recipes:
+        print(f"error: unknown config {args.config!r} (choose from {', '.join(recipes)})", file=sys.stderr)
+        raise SystemExit(2)
+    cfg = apply_sets(recipes[args.config](**(given or {})), args.set if sets is None else sets)
+    try:
+        cfg = finish(cfg) if finish is not None else cfg
+    except refused as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if getattr(args, "print_config", False):
+        print(json.dumps(to_dict(cfg), indent=2, default=str))
+        return None
+    return cfg

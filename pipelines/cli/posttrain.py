@@ -30,7 +30,7 @@ import json
 import sys
 
 from pipelines.cli import sft
-from pipelines.cli.options import add_set, apply_sets
+from pipelines.cli.options import add_set, recipe_config
 
 # Recipe notes for --help, here rather than read from the recipes' docstrings: importing those pulls in torch,
 # seconds on every CLI start. Keep them in step with posttrain/rl/recipes.py:small and posttrain/rl/distill.py.
@@ -164,14 +164,7 @@ def run_gateway(args: argparse.Namespace) -> int:
 def run_agentic_cmd(args: argparse.Namespace) -> int:
     from posttrain.agentic.rl import RECIPES, run_agentic
 
-    if args.config not in RECIPES:
-        print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
-        return 2
-    cfg = apply_sets(RECIPES[args.config](), args.set)
-    if args.print_config:
-        import dataclasses
-
-        print(json.dumps(dataclasses.asdict(cfg), indent=2))
+    if (cfg := recipe_config(RECIPES, args)) is None:
         return 0
     metrics = run_agentic(cfg, args.out, resume=args.resume)
     print(json.dumps(metrics, default=str))
@@ -179,14 +172,9 @@ def run_agentic_cmd(args: argparse.Namespace) -> int:
 
 
 def run_distill(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from posttrain.rl.distill import RECIPES, DistillRefused, build
     from posttrain.rl.loop import run_stage
 
-    if args.config not in RECIPES:
-        print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
-        return 2
     given: dict[str, object] = {}
     try:  # the flags are spellings of teacher_paths / student_path / prompts; --set still applies after them
         if args.teacher:
@@ -198,9 +186,7 @@ def run_distill(args: argparse.Namespace) -> int:
         return 2
     if args.student:
         given["student_path"] = args.student
-    cfg = apply_sets(RECIPES[args.config](**given), args.set)
-    if args.print_config:
-        print(json.dumps(dataclasses.asdict(cfg), indent=2))
+    if (cfg := recipe_config(RECIPES, args, given=given)) is None:
         return 0
     try:
         stage = build(cfg)
@@ -228,21 +214,13 @@ def run_rl(args: argparse.Namespace) -> int:
     from posttrain.rl.engines import EngineRefused, resolve
     from posttrain.rl.recipes import RECIPES, to_dict
 
-    if args.config not in RECIPES:
-        print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
-        return 2
     sets = list(args.set)  # the flags are spellings of engine fields
     if args.speculative:
         sets.append("engine.kind=speculative")
     if args.ray:
         sets += [f"engine.ray={args.ray}", f"engine.workers={args.engine_workers}"]
-    try:
-        cfg = resolve(apply_sets(RECIPES[args.config](), sets))
-    except EngineRefused as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        print(json.dumps(to_dict(cfg), indent=2))
+    cfg = recipe_config(RECIPES, args, sets, finish=resolve, refused=(EngineRefused,), to_dict=to_dict)
+    if cfg is None:
         return 0
     from posttrain.rl.loop import run
 

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from pipelines.cli.options import add_set, apply_sets
+from pipelines.cli.options import add_set, recipe_config
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from DIR/ckpt/latest with its data cursor")
     p.add_argument("--nproc", type=int, default=1, help="ranks on this machine (deepspeed launcher)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     add_set(p, "steps=200, lr=1e-4, zero_stage=3, seq_len=1024")
     p.set_defaults(func=run_sft)
 
@@ -41,10 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_sft(args: argparse.Namespace) -> int:
     from posttrain.sft import RECIPES
 
-    if args.config not in RECIPES:
-        print(f"error: unknown config {args.config!r} (choose from {', '.join(RECIPES)})", file=sys.stderr)
-        return 2
-    cfg = apply_sets(RECIPES[args.config](model=args.model, data=tuple(args.data)), args.set)
+    if (cfg := recipe_config(RECIPES, args, given={"model": args.model, "data": tuple(args.data)})) is None:
+        return 0
     if args.nproc > 1 and "RANK" not in os.environ:
         return _launch(args)
     from posttrain.sft import train

@@ -16,13 +16,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from formats import fs
 from posttrain.memdec.config import MemdecConfig
 from posttrain.memdec.data import load_examples, load_lm, load_tokenizer, shard_examples
 from posttrain.memdec.datastore import KeyValueStore, build_datastore, write_knn_targets
 from posttrain.memdec.evaluate import EvalReport, evaluate
 from posttrain.memdec.synthetic import write_synthetic
 from posttrain.memdec.train import (
-    latest_checkpoint,
+    checkpoint_step,
     load_router,
     new_lm,
     save_router,
@@ -130,15 +131,14 @@ def build(cfg: MemdecConfig, store: KeyValueStore, quiet: bool = False) -> dict:
 
 
 def train(cfg: MemdecConfig, resume: bool = False, quiet: bool = False) -> dict:
-    """Train the memory on the precomputed targets (Eq 2), checkpointing under ``<work_dir>/memory``."""
+    """Train the memory on the precomputed targets (Eq 2), a run directory at ``<work_dir>/memory`` (model in ``policy/``)."""
     tok, base = _tok_and_base(cfg)
     _need(cfg.targets_path, "kNN targets", "run `scifolio memdec build-datastore` first")
     m = cfg.memory
     memory = new_lm(base.config.vocab_size, m.hidden, cfg.seed + 1, tok.pad_token_id)
     with _bar(m.steps, "memory (Eq 2)", quiet) as bar:
-        ckpt = latest_checkpoint(cfg.memory_dir) if resume else None
-        if ckpt is not None:
-            bar.update(int(torch.load(ckpt / "trainer.pt", weights_only=False)["step"]))
+        if resume:
+            bar.update(checkpoint_step(cfg.memory_dir))
         train_memory(
             memory,
             cfg.targets_path,
@@ -152,14 +152,14 @@ def train(cfg: MemdecConfig, resume: bool = False, quiet: bool = False) -> dict:
             resume=resume,
             progress=_loss_cb(bar),
         )
-    return {"memory": str(cfg.memory_dir / "ckpt"), "steps": m.steps}
+    return {"memory": str(cfg.memory_dir / "policy"), "steps": m.steps}
 
 
 def _memory(cfg: MemdecConfig):
-    ckpt = latest_checkpoint(cfg.memory_dir)
-    if ckpt is None:
-        raise FileNotFoundError(f"no memory checkpoint under {cfg.memory_dir}; run `scifolio memdec train` first")
-    return load_lm(str(ckpt))
+    policy = cfg.memory_dir / "policy"
+    if not (policy / "config.json").exists():
+        raise FileNotFoundError(f"no trained memory at {policy}; run `scifolio memdec train` first")
+    return load_lm(str(policy))
 
 
 def fit_router(cfg: MemdecConfig, quiet: bool = False) -> dict:
@@ -192,5 +192,5 @@ def run_eval(cfg: MemdecConfig) -> EvalReport:
     domain = load_examples(cfg.path("domain_eval"), tok, cfg.datastore.max_len)
     general = load_examples(cfg.path("general_eval"), tok, cfg.datastore.max_len)
     report = evaluate(base, memory, router, domain, general, tok.pad_token_id)
-    (Path(cfg.work_dir) / "eval.json").write_text(json.dumps(report.to_json(), indent=2))
+    fs.write_text(Path(cfg.work_dir) / "eval.json", json.dumps(report.to_json(), indent=2))
     return report

@@ -8,7 +8,6 @@ streamed sparse kNN targets, checkpoint/resume), and the λ router (Eq 4, base a
 from __future__ import annotations
 
 import math
-import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from formats import fs
+from formats.rundir import CHECKPOINT, RunDir
 from posttrain.memdec.data import Batch, Example, batches, collate, forward, gold, shifted
 from posttrain.objectives.memory_decoder import Router, RouterConfig, router_loss, sparse_memory_loss
 
@@ -95,22 +95,6 @@ def targets_batch(rows: list[dict], pad_id: int) -> tuple[Batch, torch.Tensor, t
     return b, toks, probs
 
 
-def _save(ckpt: Path, model, opt, sched, step: int) -> None:
-    """Write model + trainer state to a temp dir, then swap it in (a crash keeps the previous checkpoint)."""
-    tmp = ckpt.with_name(ckpt.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
-    torch.save({"step": step, "opt": opt.state_dict(), "sched": sched.state_dict()}, tmp / "trainer.pt")
-    fs.swap_dir(tmp, ckpt)
-
-
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    for name in ("ckpt", "ckpt.old"):  # .old survives only a crash between the two renames of _save
-        if (out_dir / name / "trainer.pt").exists():
-            return out_dir / name
-    return None
-
-
 def train_memory(
     model,
     targets: Path,
@@ -126,42 +110,57 @@ def train_memory(
 ):
     """Eq 2 on streamed sparse kNN targets: ``β·KL(p_kNN ‖ p_mem) + (1−β)·CE(gold)`` over answer-side positions.
 
-    Checkpoints ``out_dir/ckpt`` (model + optimizer + scheduler + step); ``resume`` continues from it to ``steps``
-    with the same data order, so an interrupted run ends where an uninterrupted one does."""
-    from transformers import AutoModelForCausalLM
-
-    start = 0
-    ckpt = latest_checkpoint(out_dir) if resume else None
-    if resume and ckpt is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {out_dir}")
-    if ckpt is not None:
-        model = AutoModelForCausalLM.from_pretrained(str(ckpt))
+    ``out_dir`` is a :class:`~formats.rundir.RunDir`: ``config.json``, ``metrics.jsonl`` (step, loss, lr), ``tb/``,
+    ``checkpoint/state.pt`` (model + optimizer + scheduler + step, every ``save_every`` steps) and ``policy/`` (the
+    memory as a Hugging Face model, written at the end). ``resume`` continues from the checkpoint to ``steps`` with
+    the same data order, so an interrupted run ends where an uninterrupted one does, with no duplicated row."""
+    run = RunDir(out_dir, resume=resume)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(steps))
-    if ckpt is not None:
-        state = torch.load(ckpt / "trainer.pt", weights_only=False)
-        opt.load_state_dict(state["opt"])
-        sched.load_state_dict(state["sched"])
-        start = int(state["step"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    step = start
-    for step, rows in zip(range(start + 1, steps + 1), target_batches(targets, batch, start)):
-        b, toks, probs = targets_batch(rows, pad_id)
-        logits, _ = forward(model, b)
-        loss = sparse_memory_loss(toks, probs, shifted(logits, b), gold(b), beta=beta)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if progress is not None:
-            progress(step, loss.item())
-        if save_every and step % save_every == 0 and step < steps:
-            _save(out_dir / "ckpt", model, opt, sched, step)
-    _save(out_dir / "ckpt", model, opt, sched, max(step, start))
+
+    def save(step: int) -> None:
+        state = {"step": step, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
+        run.save_checkpoint(lambda f: torch.save(state, f))
+
+    start = 0
+    try:
+        if resume:
+            state = run.load_checkpoint(lambda p: torch.load(p, weights_only=False))
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            sched.load_state_dict(state["sched"])
+            start = int(state["step"])
+            run.trim(start)
+        run.write_config({"stage": "memdec-memory", "targets": str(targets), "steps": steps, "batch": batch,
+                          "lr": lr, "beta": beta, "save_every": save_every})  # fmt: skip
+        step = start
+        for step, rows in zip(range(start + 1, steps + 1), target_batches(targets, batch, start)):
+            b, toks, probs = targets_batch(rows, pad_id)
+            logits, _ = forward(model, b)
+            loss = sparse_memory_loss(toks, probs, shifted(logits, b), gold(b), beta=beta)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            run.log({"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0]})
+            if progress is not None:
+                progress(step, loss.item())
+            if save_every and step % save_every == 0 and step < steps:
+                save(step)
+        save(max(step, start))
+    finally:
+        run.close()
     model.eval()
+    model.save_pretrained(run.policy)
     return model
+
+
+def checkpoint_step(out_dir: Path) -> int:
+    """The step of ``out_dir``'s last complete memory checkpoint (0 when there is none)."""
+    path = Path(out_dir) / CHECKPOINT
+    return int(torch.load(path, weights_only=False)["step"]) if path.exists() else 0
 
 
 # -- router (Eq 4) --------------------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ The driver calls the factory once in process, or starts ``engine.workers`` Ray a
 | kind          | in process | Ray (``engine.ray``) |
 |---------------|------------|----------------------|
 | ``hf``        | works (R3 for MoE) | works (R3 for MoE) |
-| ``speculative`` | works (dense only) | works (dense only) |
-| ``fused``     | works (dense only) | refused: the router's λ statistics are read from the engine in the driver |
+| ``speculative`` | works (R3 for MoE: the policy's verification forwards) | works (R3 for MoE) |
+| ``fused``     | works (R3 for MoE: the policy inside the fused model) | refused: the router's λ statistics are read from the engine in the driver |
 | ``vllm``      | needs vLLM on a GPU (``pip install vllm``): refused here with that message | same |
 | ``scripted``  | works (virtual-clock test engine, no model) | refused: a test double has no weights to ship |
 
@@ -31,7 +31,7 @@ import torch
 from posttrain.rollout.engine import RolloutEngine
 
 KINDS = ("hf", "speculative", "fused", "vllm", "scripted")
-CAN_RECORD_ROUTES = ("hf", "vllm")
+CAN_RECORD_ROUTES = ("hf", "speculative", "fused", "vllm")
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def resolve(cfg: Any) -> Any:
     if policy_is_moe(cfg.policy) and kind not in CAN_RECORD_ROUTES:
         raise EngineRefused(
             f"an MoE policy on engine.kind={kind}: refused. That engine cannot record routed experts, so the "
-            f"learner could not replay them (R3) and would train on live routing; use engine.kind=hf or vllm"
+            f"learner could not replay them (R3) and would train on live routing; use engine.kind=hf, speculative, fused or vllm"
         )
     return cfg
 
@@ -106,8 +106,12 @@ def policy_is_moe(policy: Any) -> bool:
         return policy.arch == "qwen2_moe"
     from transformers import AutoConfig
 
-    c = AutoConfig.from_pretrained(policy.path)
-    c = getattr(c, "text_config", None) or c
+    return config_is_moe(AutoConfig.from_pretrained(policy.path))
+
+
+def config_is_moe(config: Any) -> bool:
+    """Whether a Hugging Face config describes a Mixture-of-Experts model (its text config, for multimodal ones)."""
+    c = getattr(config, "text_config", None) or config
     return any(
         int(getattr(c, k, 0) or 0) > 1
         for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
@@ -158,6 +162,18 @@ def engine_dtype(cfg: Any) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.policy.dtype]
 
 
+def _dense_config(config: Any) -> Any:
+    """A copy of the policy's config for a dense Qwen2 beside it (the tiny draft, the tiny memory): an MoE policy's
+    config keeps its vocabulary, attention and special tokens and loses its experts."""
+    if not config_is_moe(config):
+        return copy.deepcopy(config)
+    from transformers import Qwen2Config
+
+    known = Qwen2Config().to_dict()
+    drop = ("architectures", "model_type", "transformers_version", "layer_types")
+    return Qwen2Config(**{k: v for k, v in config.to_dict().items() if k in known and k not in drop})
+
+
 def build_draft(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
     """The speculative draft: ``speculative.draft_path`` or, for the tiny policy, a narrower/shallower Qwen2."""
     spec = cfg.speculative
@@ -171,7 +187,7 @@ def build_draft(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
         raise ValueError("speculative decoding with a policy.path needs speculative.draft_path")
     from transformers import Qwen2ForCausalLM
 
-    mcfg = copy.deepcopy(policy.config)
+    mcfg = _dense_config(policy.config)
     mcfg.hidden_size = max(8, int(cfg.policy.hidden_size * spec.draft_scale) // 8 * 8)
     mcfg.intermediate_size = 2 * mcfg.hidden_size
     mcfg.num_hidden_layers = max(1, int(cfg.policy.num_layers * spec.draft_scale))
@@ -200,7 +216,7 @@ def build_fused(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
     else:
         from transformers import Qwen2ForCausalLM
 
-        mcfg = copy.deepcopy(policy.config)
+        mcfg = _dense_config(policy.config)
         mcfg.hidden_size = max(8, cfg.policy.hidden_size // 2 // 8 * 8)
         mcfg.intermediate_size = 2 * mcfg.hidden_size
         torch.manual_seed(cfg.policy.seed + 2)
@@ -248,21 +264,22 @@ class EngineFactory:
         if kind == "speculative":
             from posttrain.rollout.engines.speculative import SpeculativeEngine
 
-            return SpeculativeEngine(
+            engine = SpeculativeEngine(
                 policy,
                 build_draft(cfg, policy).eval(),
                 k=cfg.speculative.k,
                 capacity=self.capacity,
                 version=self.version,
             )
-        from posttrain.rollout.engines.hf import HFEngine
+        else:
+            from posttrain.rollout.engines.hf import HFEngine
 
-        model = build_fused(cfg, policy) if kind == "fused" else policy
-        engine = HFEngine(model, capacity=self.capacity, version=self.version)
-        if policy_is_moe(cfg.policy):
+            model = build_fused(cfg, policy) if kind == "fused" else policy
+            engine = HFEngine(model, capacity=self.capacity, version=self.version)
+        if policy_is_moe(cfg.policy):  # R3: the policy's routers only (not the draft's, not the memory's)
             from posttrain.objectives.r3 import EngineRoutingRecorder
 
-            engine.experts_recorder = EngineRoutingRecorder(engine.model)
+            engine.experts_recorder = EngineRoutingRecorder(policy)
         return engine
 
 

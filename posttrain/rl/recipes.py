@@ -84,7 +84,7 @@ class MemdecRolloutConfig:
     enabled: bool = False
     """Decode rollouts with ``FusedLM(policy, memory, router)`` (``--set memdec.enabled=true``)."""
     memory: str | None = None
-    """Memory LM directory (``scifolio memdec train`` writes ``WORK/memory/ckpt``); None with the tiny policy: a
+    """Memory LM directory (``scifolio memdec train`` writes ``WORK/memory/policy``); None with the tiny policy: a
     random tiny memory."""
     router: str | None = None
     """Router file (``scifolio memdec train-router`` writes ``WORK/router.pt``); None: an untrained router."""

@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from formats.overrides import with_overrides
+from formats.rundir import RunDir
 from posttrain.memdec.config import debug
-from posttrain.memdec.data import Example, collate, forward, gold, shifted
+from posttrain.memdec.data import Example, collate, forward, gold, load_lm, shifted
 from posttrain.memdec.datastore import (
     build_datastore,
     knn_from_neighbours,
@@ -24,7 +25,7 @@ from posttrain.memdec.datastore import (
     write_knn_targets,
 )
 from posttrain.memdec.fused import fused_step, generate_base, generate_fused, generate_knn_lm
-from posttrain.memdec.train import new_lm, targets_batch, train_memory
+from posttrain.memdec.train import checkpoint_step, new_lm, targets_batch, train_memory
 from posttrain.objectives.memory_decoder import Router, RouterConfig, fuse
 from retrieval.vectors import ShardedVectorStore, VectorStoreConfig
 
@@ -155,8 +156,13 @@ def test_memory_resume_ends_where_an_uninterrupted_run_ends(models, tmp_path) ->
             new_lm(V, 16, seed=1, pad_id=0), targets, tmp_path / "e", 0, 6, batch=3, lr=1e-2, beta=0.5, save_every=2,
             progress=_stop_at(5),
         )  # fmt: skip
-    assert torch.load(tmp_path / "e" / "ckpt" / "trainer.pt", weights_only=False)["step"] == 4
+    assert checkpoint_step(tmp_path / "e") == 4
+    assert [r["step"] for r in RunDir(tmp_path / "e", resume=True).rows()] == [1, 2, 3, 4, 5]
     resumed = run(tmp_path / "e", 6, True)
+    # The redone step 5 is not duplicated; the policy is the Hugging Face export of the final weights.
+    assert [r["step"] for r in RunDir(tmp_path / "e", resume=True).rows()] == [1, 2, 3, 4, 5, 6]
+    exported = load_lm(str(tmp_path / "e" / "policy"))
+    assert all(torch.equal(x, y) for x, y in zip(resumed.parameters(), exported.parameters()))
     assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(straight.parameters(), resumed.parameters()))
     assert not all(torch.equal(x, y) for x, y in zip(straight.parameters(), new_lm(V, 16, 1, 0).parameters()))
     with pytest.raises(FileNotFoundError):

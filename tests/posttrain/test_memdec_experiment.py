@@ -49,7 +49,7 @@ def test_synthetic_experiment_claims(tmp_path, capsys) -> None:
         "task.verifier": "exact",
         "steps": 2,
         "memdec.enabled": "true",
-        "memdec.memory": f"{work}/memory/ckpt",
+        "memdec.memory": f"{work}/memory/policy",
         "memdec.router": f"{work}/router.pt",
         "scheduler.batch_target": 2,
         "scheduler.group_size": 4,

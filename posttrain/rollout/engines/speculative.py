@@ -119,7 +119,10 @@ class SpeculativeEngine(QueuedEngine):
         self.verifier = verifier
         self._queue: deque[Trajectory] = deque()
         self._running: list[_Req] = []
+        self._experts: Tensor | None = None
         self.experts_recorder = None
+        """R3 hook on the policy (``ExpertsRecorder``): the routes of every policy forward, recorded per trajectory
+        for the positions it keeps (prefill, and per round the last kept token + the accepted drafts)."""
         self.steps = 0
         """Verification rounds run (batched)."""
         self.policy_forwards = 0
@@ -144,9 +147,9 @@ class SpeculativeEngine(QueuedEngine):
     # -- protocol --------------------------------------------------------------------------------------------
     def submit(self, requests: Sequence[Request]) -> None:
         for r in requests:
-            if r.params.return_routed_experts:
-                raise ValueError("the speculative engine does not record routed experts (R3)")
-            self._queue.append(Trajectory(request=r))
+            if r.params.return_routed_experts and self.experts_recorder is None:
+                raise ValueError(f"{r.request_id} asks for routed experts (R3) but the engine has no experts_recorder")
+            self._queue.append(Trajectory(request=r, routed_experts=[] if r.params.return_routed_experts else None))
 
     def update_weights(self, state: Mapping[str, Any], version: int) -> None:
         self._load_weights(self.model, state)
@@ -198,10 +201,24 @@ class SpeculativeEngine(QueuedEngine):
 
         cfg = model.config
         cache = DynamicCache(ddp_cache_data=kv, config=cfg) if kv else DynamicCache(config=cfg)
+        rec = self.experts_recorder if model is self.model else None
+        if rec is not None:
+            rec.begin()
         o = model(input_ids=ids, cache=cache, use_cache=True)
+        self._experts = rec.end() if rec is not None else None
         if model is self.model:
             self.policy_forwards += 1
         return o.logits, [(layer.keys, layer.values) for layer in o.cache.layers]
+
+    def _record(self, traj: Trajectory, row: int, start: int, count: int) -> None:
+        """Routes of the last policy forward's ``row`` for its first ``count`` fed positions, which are positions
+        ``start…`` of the trajectory. A re-prefill after a resume replaces known rows (the routes behind the
+        current KV and the rescored logprobs: the learner's replay at that version reproduces this forward)."""
+        if traj.routed_experts is None:
+            return
+        routes = self._experts[row, :count].tolist()
+        del traj.routed_experts[start:]
+        traj.routed_experts.extend(routes)
 
     def _prefill(self, fresh: list[_Req]) -> None:
         """Feed prompt + tokens except the last (that one is fed by the next round) to both models."""
@@ -215,6 +232,8 @@ class SpeculativeEngine(QueuedEngine):
                 continue
             ids = torch.tensor([(r.traj.prompt_ids + r.traj.token_ids)[:-1] for r in rs])
             logits, kv_p = self._forward(self.model, ids, None)
+            for i, r in enumerate(rs):
+                self._record(r.traj, i, 0, n - 1)
             _, kv_d = self._forward(self.draft, ids, None)
             for i, r in enumerate(rs):
                 t = r.traj
@@ -271,10 +290,13 @@ class SpeculativeEngine(QueuedEngine):
             self.accepted += n_acc
             self.emitted += len(toks)
             t = r.traj
+            kept = 0
             for j, tok in enumerate(toks):
                 if t.finished:
                     break
                 self._append(t, tok, float(logp[i, j, tok]))
+                kept += 1
+            self._record(t, i, n_p, kept)  # fed this round: the last kept token, then the drafts kept after it
             # Keep KV of the fed positions only: the kept prefix of seq + accepted drafts.
             keep = n_p + 1 + n_acc
             r.kv_p = _crop([(k[i : i + 1], v[i : i + 1]) for k, v in kv_p], keep)
