@@ -38,7 +38,10 @@ def train(cfg: TrainConfig, resume: bool = False, on_end: Callable[[Any], None] 
     import torch.distributed as dist
 
     rank, world = init_distributed()
-    model = VisualPretrainModel.load(cfg.model, cfg.objective, patch=cfg.data.patch, seed=cfg.seed)
+    # ZeRO-3 gathers parameters per module call: every rank must call the same modules, whatever its batch holds.
+    model = VisualPretrainModel.load(
+        cfg.model, cfg.objective, patch=cfg.data.patch, seed=cfg.seed, lockstep=cfg.zero_stage == 3
+    )
     params = model.trainable_parameters()  # E_v is frozen: never handed to the optimizer
     optimizer = make_optimizer(params, cfg.optim)
     schedule = torch.optim.lr_scheduler.LambdaLR(

@@ -130,21 +130,7 @@ def test_export_matches_engine_logits_one_rank(stage, runs, tmp_path, capsys) ->
     reason="c10d's TCP store binds every interface: run inside a loopback-only namespace "
     "(unshare -n sh -c 'ip link set lo up && exec pytest ...')",
 )
-@pytest.mark.parametrize(
-    "stage",
-    [
-        2,
-        pytest.param(
-            3,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="pre-training itself breaks under ZeRO-3 on 2 ranks: ranks make different module calls (E_v "
-                "cache hits skip the frozen encoder's forward, a rank without pages skips the visual forward), so "
-                "ZeRO-3's parameter all-gathers mismatch (gloo 'collective mismatch') at step 2",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("stage", [2, 3])
 def test_export_matches_engine_logits_two_ranks(stage, runs, tmp_path, capsys) -> None:
     _check(runs, tmp_path, capsys, stage, ranks=2)
     assert len(list((runs(stage, 2) / "ckpt" / "step3").glob("*_optim_states.pt"))) == 2
