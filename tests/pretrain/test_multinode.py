@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from pretrain.config import debug
+from pretrain.data import Packer, ShardIndex
+from pretrain.objective import warmup_cosine
 from tests.conftest import in_loopback_namespace
 
 
@@ -112,7 +115,7 @@ def _pretrain(argv: list[str]) -> int:
     reason="c10d's TCP store binds every interface: run inside a loopback-only namespace "
     "(unshare -n sh -c 'ip link set lo up && exec pytest ...')",
 )
-def test_hostfile_two_nodes_zero3(
+def test_hostfile_two_nodes_zero3_then_resume_at_world_size_1(
     private_ssh: Path, corpus: Path, tiny_models: Path, tmp_path: Path, monkeypatch, capfd
 ) -> None:
     monkeypatch.setenv("PATH", f"{private_ssh}{os.pathsep}{os.environ['PATH']}")
@@ -131,6 +134,30 @@ def test_hostfile_two_nodes_zero3(
     ckpt = out / "ckpt" / "step3"
     assert len(list(ckpt.glob("zero_pp_rank_*_optim_states.pt"))) == 2  # ZeRO-3 partitions on both nodes
     assert len(list(ckpt.glob("zero_pp_rank_*_model_states.pt"))) == 2
+
+    # Resume on one rank: DeepSpeed's universal form of step 3 re-partitions the ZeRO-3 state for a world of 1,
+    # and the one rank reads both saved readers in turn, each from its cursor.
+    assert _pretrain([*common, "--nproc", "1", "--max-steps", "5", "--resume"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and all(r["loss"] > 0 for r in rows)
+    assert [(r["cursor"]["world_size"], r["cursor"]["n_readers"]) for r in rows] == [(2, 2)] * 3 + [(1, 2)] * 2
+    assert (out / "ckpt" / "step3-universal").is_dir() and (out / "ckpt" / "latest").read_text() == "step5"
+    assert (out / "ckpt" / "latest_universal").read_text() == "step3-universal"
+    # The weights came back too: a fresh model would start again near step 1's loss.
+    assert rows[3]["loss"] < rows[2]["loss"] < rows[0]["loss"]
+    assert len(list((out / "ckpt" / "step5").glob("zero_pp_rank_*_optim_states.pt"))) == 1
+    # The schedule came back with the optimizer: steps 4-5 run at their own LR, not at a fresh warmup's.
+    cfg = debug(shards=str(corpus), models=str(tiny_models), **{"data.seq_len": 64})
+    o = cfg.optim
+    assert [r["lr"] for r in rows] == pytest.approx(
+        [o.lr * warmup_cosine(s, o.warmup_steps, o.decay_steps, o.min_lr_ratio) for s in range(1, 6)]
+    )
+    # Nothing repeated or skipped: steps 1-3 were reader 0's (rank 0 logs its spans) batches 1-3; steps 4 and 5 are
+    # reader 0's batch 4, then reader 1's batch 4 (rank 1 read its batches 1-3 at world size 2).
+    index = ShardIndex.open(cfg.data.shards)
+    stream = {r: Packer(cfg.data, index, r, 2) for r in (0, 1)}
+    reader = {r: [json.loads(json.dumps(stream[r].next_batch()["spans"])) for _ in range(4)] for r in (0, 1)}
+    assert [r["spans"] for r in rows] == [*reader[0][:4], reader[1][3]]
 
 
 def test_hostfile_launch_rendezvouses_at_its_first_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
