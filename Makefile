@@ -21,14 +21,15 @@ install: system-deps
 	$(BIN)/pip download -q --no-deps aeon==1.6.0 -d .cache/wheels  # real series (M1, Airline, Daphnet), read from the zip
 
 # Browser tests drive Debian's Chromium; the loopback-only test namespace needs iproute2's `ip`; agent commands
-# and graders run in bubblewrap's jail (posttrain/agentic/jail.py), refused without it.
+# and graders run in bubblewrap's jail (posttrain/agentic/jail.py), refused without it; the DeepSpeed hostfile
+# test reaches its two local "nodes" over a private sshd with pdsh (tests/pretrain/test_multinode.py).
 system-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  (command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v ip >/dev/null \
-	   && command -v bwrap >/dev/null) || \
+	   && command -v bwrap >/dev/null && command -v pdsh >/dev/null && test -x /usr/sbin/sshd) || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver iproute2 \
-	   bubblewrap >/dev/null); \
-	else echo "not root: install chromium, chromium-driver, iproute2 and bubblewrap yourself (the jail needs bwrap)"; fi
+	   bubblewrap openssh-server pdsh >/dev/null); \
+	else echo "not root: install chromium, chromium-driver, iproute2, bubblewrap, openssh-server and pdsh yourself"; fi
 
 # The whole suite, offline. HF_HUB_OFFLINE proves no test loads weights from a hub.
 test:

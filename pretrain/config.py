@@ -28,7 +28,8 @@ class ModelConfig:
     head_hidden: int = 0
     """Hidden width of the light head ψ (2-layer MLP); 0 means the backbone's hidden size."""
     feature_cache: str | None = None
-    """Directory caching E_v features by (image sha256, size); None keeps an in-memory cache only."""
+    """Directory caching E_v features by (image sha256, size); None keeps an in-memory cache only. Unused under
+    ZeRO-3, where every rank runs E_v on every micro-batch (see ``pretrain/model.py``)."""
     memory_cache_items: int = 4096
     """How many encoded images the in-memory cache keeps (E_v is frozen, so cached features are exact)."""
 
@@ -134,8 +135,10 @@ class TrainConfig:
     """Seeds the trainable additions' init and torch RNG."""
 
 
-def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
-    """The DeepSpeed JSON for ``cfg`` (the optimizer and scheduler are client objects, built in train.py)."""
+def deepspeed_config(cfg: TrainConfig, world_size: int, load_universal: bool = False) -> dict[str, Any]:
+    """The DeepSpeed JSON for ``cfg`` (the optimizer and scheduler are client objects, built in train.py).
+
+    ``load_universal``: the checkpoint to resume is DeepSpeed's universal form (saved at another world size)."""
     if cfg.precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
     if not 0 <= cfg.zero_stage <= 3:
@@ -152,6 +155,7 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
         "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 10**9,  # we log ourselves; DeepSpeed's own print is noise
         "wall_clock_breakdown": False,
+        "checkpoint": {"load_universal": load_universal},
     }
 
 

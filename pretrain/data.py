@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -296,31 +297,40 @@ class Packer:
 
 
 class _Readers(torch.utils.data.IterableDataset):
-    """Each DataLoader worker is one reader. ``rotate`` keeps the round-robin order across a resume."""
+    """This rank's readers: each DataLoader worker is one, or (no workers) the process takes them in turn.
+    ``rotate`` keeps the round-robin order across a resume."""
 
     def __init__(
         self,
         cfg: DataConfig,
         index: ShardIndex,
-        rank: int,
-        world_size: int,
+        readers: list[int],
+        n_readers: int,
         cursors: dict[int, dict[str, Any]],
         rotate: int,
     ) -> None:
-        self.cfg, self.index, self.rank, self.world_size = cfg, index, rank, world_size
+        self.cfg, self.index, self.readers, self.n_readers = cfg, index, readers, n_readers
         self.cursors, self.rotate = cursors, rotate
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
-        nw = max(1, self.cfg.num_workers)
-        local = ((info.id if info else 0) + self.rotate) % nw
-        reader = self.rank * nw + local
-        packer = Packer(self.cfg, self.index, reader, self.world_size * nw, self.cursors.get(reader))
-        return iter(packer)
+        k = len(self.readers)
+        if info is not None:
+            reader = self.readers[(info.id + self.rotate) % k]
+            return iter(Packer(self.cfg, self.index, reader, self.n_readers, self.cursors.get(reader)))
+        packers = [
+            Packer(self.cfg, self.index, r, self.n_readers, self.cursors.get(r))
+            for r in (self.readers[(i + self.rotate) % k] for i in range(k))
+        ]
+        return (p.next_batch() for _ in itertools.count() for p in packers)
 
 
 class ShardLoader:
-    """This rank's micro-batches; ``state_dict()`` is the cursor of every reader after the last batch taken."""
+    """This rank's micro-batches; ``state_dict()`` is the cursor of every reader after the last batch taken.
+
+    The stream is dealt to ``n_readers`` readers, world_size × max(1, num_workers) on a fresh run; rank r owns the
+    contiguous block of ``n_readers / world_size`` of them. A resume at another world size keeps the saved run's
+    readers and deals them anew (:meth:`resume`), so every reader continues from its own cursor."""
 
     def __init__(
         self,
@@ -331,6 +341,7 @@ class ShardLoader:
         record_weights: str | None = None,
     ) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.n_readers = world_size * max(1, cfg.num_workers)
         self.index = index or ShardIndex.open(cfg.shards, cfg.weights, record_weights)
         self.cursors: dict[int, dict[str, Any]] = {}
         self.batches = 0
@@ -347,9 +358,15 @@ class ShardLoader:
         self.batches += 1
         return batch
 
+    @property
+    def readers(self) -> list[int]:
+        k = self.n_readers // self.world_size
+        return list(range(self.rank * k, (self.rank + 1) * k))
+
     def _start(self) -> Iterator[dict[str, Any]]:
-        nw = max(1, self.cfg.num_workers)
-        dataset = _Readers(self.cfg, self.index, self.rank, self.world_size, dict(self.cursors), self.batches % nw)
+        readers = self.readers
+        rotate = self.batches % len(readers)
+        dataset = _Readers(self.cfg, self.index, readers, self.n_readers, dict(self.cursors), rotate)
         if self.cfg.num_workers == 0:
             return iter(dataset)
         loader = torch.utils.data.DataLoader(
@@ -363,6 +380,7 @@ class ShardLoader:
             "batches": self.batches,
             "num_workers": self.cfg.num_workers,
             "world_size": self.world_size,
+            "n_readers": self.n_readers,
             "seed": self.cfg.seed,
         }
 
@@ -376,6 +394,33 @@ class ShardLoader:
                 )
         self.cursors = {int(k): v for k, v in state["cursors"].items()}
         self.batches = int(state["batches"])
+        self.n_readers = int(state.get("n_readers", self.n_readers))
+        self._it = None
+
+    def resume(self, saved: list[dict[str, Any]]) -> None:
+        """Continue from every saved rank's ``state_dict()`` (``saved[r]`` = rank r's), at any world size.
+
+        The same world size takes its own state back (:meth:`load_state_dict`). Another one keeps the saved
+        readers, nothing re-dealt inside a stream, so nothing repeats or is skipped: rank r takes the block
+        ``n_readers / world_size`` of them (which must divide) with all their cursors, and reads them in turn
+        (``num_workers`` 0) or one per DataLoader worker (``num_workers`` = that block)."""
+        if len(saved) == self.world_size:
+            self.load_state_dict(saved[self.rank])
+            return
+        if {s["seed"] for s in saved} != {self.cfg.seed}:
+            raise ValueError(f"data cursor was saved with seed {saved[0]['seed']}, this run has {self.cfg.seed}")
+        first = saved[0]
+        n = int(first.get("n_readers", first["world_size"] * max(1, first["num_workers"])))
+        k, left = divmod(n, self.world_size)
+        if left or self.cfg.num_workers not in (0, k):
+            raise ValueError(
+                f"the saved run dealt its stream to {n} readers: world size {self.world_size} needs to divide it "
+                f"and num_workers to be 0 or {n // self.world_size or 1} (it is {self.cfg.num_workers})"
+            )
+        self.n_readers = n
+        mine = set(self.readers)
+        self.cursors = {int(r): c for s in saved for r, c in s["cursors"].items() if int(r) in mine}
+        self.batches = 0
         self._it = None
 
 

@@ -6,6 +6,12 @@
 Φ is any Hugging Face causal LM (trainable); E_v any Hugging Face vision tower returning patch features
 (frozen: eval mode, ``requires_grad=False``, outside the optimizer and checkpoint deltas). Text rows and page rows
 run through Φ as two forwards; attention never crosses a packed sample (4-D block-causal masks).
+
+``lockstep=True`` (what ZeRO-3 needs, any world size) makes every micro-batch call the same modules in the same
+order on every rank, whatever its data: ZeRO-3 all-gathers a module's parameters when it is called, and ranks that
+call different modules hang or die in a collective mismatch. E_v then runs on every call (no feature cache: a hit
+would skip it), W_in projects all image slots in one call, and a rank without images or pages pushes a blank
+dummy through the same modules whose output is multiplied out: its loss terms and gradients are exact zeros.
 """
 
 from __future__ import annotations
@@ -69,9 +75,11 @@ class VisualPretrainModel(nn.Module):
         objective: ObjectiveConfig,
         pixel_mean: tuple[float, ...] = CLIP_MEAN,
         pixel_std: tuple[float, ...] = CLIP_STD,
+        lockstep: bool = False,
     ) -> None:
         super().__init__()
         self.cfg, self.objective = cfg, objective
+        self.lockstep = lockstep
         self.backbone = backbone
         self.encoder = encoder.eval()
         self.encoder.requires_grad_(False)
@@ -87,9 +95,16 @@ class VisualPretrainModel(nn.Module):
 
     @classmethod
     def load(
-        cls, cfg: ModelConfig, objective: ObjectiveConfig | None = None, patch: int | None = None, seed: int = 0
+        cls,
+        cfg: ModelConfig,
+        objective: ObjectiveConfig | None = None,
+        patch: int | None = None,
+        seed: int = 0,
+        lockstep: bool = False,
     ) -> VisualPretrainModel:
-        """Load Φ and E_v with ``from_pretrained`` (names or paths); W_in and ψ are fresh, seeded by ``seed``."""
+        """Load Φ and E_v with ``from_pretrained`` (names or paths); W_in and ψ are fresh, seeded by ``seed``.
+
+        ``lockstep``: the same module calls on every rank every micro-batch (ZeRO-3; see the module docstring)."""
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
         torch.manual_seed(seed)
@@ -108,7 +123,7 @@ class VisualPretrainModel(nn.Module):
             raise ValueError(f"data.patch={patch} but encoder {cfg.encoder} uses patch_size={enc_patch}")
         mean, std = _pixel_stats(cfg.encoder)
         torch.manual_seed(seed)
-        return cls(backbone, encoder, cfg, objective or ObjectiveConfig(), mean, std)
+        return cls(backbone, encoder, cfg, objective or ObjectiveConfig(), mean, std, lockstep=lockstep)
 
     def train(self, mode: bool = True) -> VisualPretrainModel:
         super().train(mode)
@@ -122,10 +137,12 @@ class VisualPretrainModel(nn.Module):
 
     @torch.no_grad()
     def encode(self, pixels: torch.Tensor, keys: list[str] | None = None) -> torch.Tensor:
-        """Patch features ``[n, N, D_v]`` of images in [0, 1] (``[n, 3, H, W]``), no grad; cached by key if given."""
+        """Patch features ``[n, N, D_v]`` of images in [0, 1] (``[n, 3, H, W]``), no grad; cached by key if given.
+
+        In lockstep the cache is bypassed: E_v must run on every call anyway, so a hit would save nothing."""
         if pixels.shape[0] == 0:
             return pixels.new_zeros(0, 0, self.encoder.config.hidden_size)
-        if keys is None:
+        if keys is None or self.lockstep:
             return self._encode(pixels)
         shape = "x".join(map(str, pixels.shape[-2:]))
         full = [f"{k}@{shape}" for k in keys]
@@ -199,7 +216,9 @@ class VisualPretrainModel(nn.Module):
                 "the shards were tokenised with a different tokenizer than the backbone's"
             )
         embeds = self.backbone.get_input_embeddings()(input_ids)
-        if image_slots.shape[0]:
+        if self.lockstep:
+            embeds = self._place_images_lockstep(embeds, image_pixels, image_slots)
+        elif image_slots.shape[0]:
             feats = self.encode(image_pixels, image_keys)  # [K, N, D_v]
             for k, (row, start, length) in enumerate(image_slots.tolist()):
                 # The corpus budgets n_tokens per image; E_v gives N patches: resample the sequence to the budget.
@@ -209,10 +228,38 @@ class VisualPretrainModel(nn.Module):
         logits = self.backbone.get_output_embeddings()(hidden)
         return text_loss(logits, labels)
 
+    def _place_images_lockstep(
+        self, embeds: torch.Tensor, image_pixels: torch.Tensor, image_slots: torch.Tensor
+    ) -> torch.Tensor:
+        """The image slots of ``text_forward`` with exactly one E_v call and one W_in call, images or not.
+
+        Without images a blank crop goes through both; its projection joins ``embeds`` times zero, so it adds
+        nothing to the loss or any gradient yet sits where real slots sit in the graph (the backward, which ZeRO-3
+        also gathers parameters for, then visits the same modules in the same order on every rank)."""
+        slots = image_slots.tolist()
+        pixels = image_pixels if slots else image_pixels.new_zeros(1, *image_pixels.shape[1:])
+        feats = self.encode(pixels)  # [K, N, D_v]
+        parts = [F.adaptive_avg_pool1d(feats[k].T.unsqueeze(0), n)[0].T for k, (_, _, n) in enumerate(slots)]
+        proj = self.w_in(torch.cat(parts or [feats[0]]).to(embeds.dtype))
+        if not slots:
+            return embeds + proj.sum() * 0.0
+        offset = 0
+        for row, start, length in slots:
+            embeds[row, start : start + length] = proj[offset : offset + length]
+            offset += length
+        return embeds
+
     def visual_forward(self, page_pixels: torch.Tensor, page_mask: torch.Tensor, page_keys: list[str] | None = None):
         """L_VP: û_{t+1} = ψ(Φ(W_in u_{≤t})_t) against u_{t+1}, over all M positions of the batch (Eq 6–8)."""
-        device = self.w_in.weight.device
-        if page_pixels.shape[0] == 0:
+        real = page_pixels.shape[0] > 0
+        if not real and self.lockstep:
+            # A blank dummy page whose first two patches count as kept: one position runs through W_in, Φ and ψ,
+            # none is scored (has_next is all False below), so info_nce sees M = 0 and returns a graph-bound zero.
+            page_pixels = page_pixels.new_zeros(1, *page_pixels.shape[1:])
+            page_mask = torch.zeros(1, page_mask.shape[1], dtype=torch.bool)
+            page_mask[0, :2] = True
+        elif not real:
+            device = self.w_in.weight.device
             zero = self.w_in.weight.sum() * 0.0 + self.psi[0].weight.sum() * 0.0
             loss, acc = info_nce(
                 torch.zeros(0, 1, device=device),
@@ -233,7 +280,7 @@ class VisualPretrainModel(nn.Module):
         pos = torch.arange(longest).expand(len(seqs), -1)
         hidden = self._backbone_hidden(self.w_in(u.to(self.w_in.weight.dtype)), block_causal_mask(seq_ids), pos)
         # Position t predicts patch t+1: both must be real patches of the page.
-        has_next = valid[:, 1:]
+        has_next = valid[:, 1:] & real
         pred = self.psi(hidden[:, :-1][has_next])
         target = u[:, 1:][has_next]
         loss, acc = info_nce(pred, target, self.objective.tau, self.objective.gather)

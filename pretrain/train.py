@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -38,30 +39,34 @@ def train(cfg: TrainConfig, resume: bool = False, on_end: Callable[[Any], None] 
     import torch.distributed as dist
 
     rank, world = init_distributed()
-    model = VisualPretrainModel.load(cfg.model, cfg.objective, patch=cfg.data.patch, seed=cfg.seed)
+    # ZeRO-3 gathers parameters per module call: every rank must call the same modules, whatever its batch holds.
+    model = VisualPretrainModel.load(
+        cfg.model, cfg.objective, patch=cfg.data.patch, seed=cfg.seed, lockstep=cfg.zero_stage == 3
+    )
     params = model.trainable_parameters()  # E_v is frozen: never handed to the optimizer
     optimizer = make_optimizer(params, cfg.optim)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: warmup_cosine(s, cfg.optim.warmup_steps, cfg.optim.decay_steps, cfg.optim.min_lr_ratio)
     )
+    ckpt_dir = Path(cfg.out_dir) / "ckpt"
+    resume = resume and (ckpt_dir / "latest").exists()
+    tag = elastic_tag(cfg.out_dir, world) if resume else None
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=params,
         optimizer=optimizer,
         lr_scheduler=schedule,
-        config=deepspeed_config(cfg, world),
+        config=deepspeed_config(cfg, world, load_universal=bool(tag)),
     )
     # rank 0 records each chunk's draw weight (own × listed) beside the metrics: what this run sampled by
     record = str(Path(cfg.out_dir) / "draw_weights.parquet") if rank == 0 else None
     loader = ShardLoader(cfg.data, rank, world, record_weights=record)
-    ckpt_dir = Path(cfg.out_dir) / "ckpt"
     step = 0
-    resume = resume and (ckpt_dir / "latest").exists()
     if resume:
-        _, client = engine.load_checkpoint(str(ckpt_dir), load_module_strict=False)
+        _, client = engine.load_checkpoint(str(ckpt_dir), tag=tag, load_module_strict=False)
         step = int(client["step"])
-        loader.load_state_dict(client["data"][rank])
-        set_rng_state(client["rng"][rank])
+        loader.resume(client["data"])  # at another world size the saved readers are dealt anew
+        set_rng_state(client["rng"][rank % len(client["rng"])])
     log = MetricsLogger(cfg, rank, resume=resume, step=step)
 
     while step < cfg.max_steps:
@@ -112,6 +117,33 @@ def train(cfg: TrainConfig, resume: bool = False, on_end: Callable[[Any], None] 
         on_end(engine)
     log.close()
     return log.records
+
+
+def elastic_tag(run: str, world: int) -> str | None:
+    """None when the latest checkpoint can be loaded as saved; else (a ZeRO 1–3 run saved at another world size)
+    the tag of its universal form, which rank 0 writes once beside it and every rank then loads.
+
+    ZeRO partitions the optimizer state by rank, and DeepSpeed loads such a checkpoint at its own world size only;
+    DeepSpeed's universal checkpoint holds each parameter's state whole, so any world size can load it."""
+    import torch.distributed as dist
+
+    from formats import fs
+    from pretrain.export import latest_checkpoint
+
+    saved = latest_checkpoint(run)
+    if saved.zero_stage == 0 or saved.world_size == world:
+        return None
+    tag = f"{saved.tag}-universal"
+    final = saved.dir / tag
+    if dist.get_rank() == 0 and not final.exists():
+        tmp = saved.dir / f".{tag}.tmp-{os.getpid()}"
+        convert = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder"]
+        convert += [str(saved.dir / saved.tag), "--output_folder", str(tmp)]
+        subprocess.run([*convert, "--num_extract_workers", "1", "--num_merge_workers", "1"], check=True)
+        fs.swap_dir(tmp, final)
+        fs.write_text(saved.dir / "latest_universal", tag)  # the converter named its temporary folder there
+    dist.barrier()
+    return tag
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:

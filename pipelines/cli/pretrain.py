@@ -69,11 +69,23 @@ def launcher_command(args: argparse.Namespace) -> list[str]:
 
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner"]
     if args.hostfile:
-        cmd += ["--hostfile", args.hostfile]
+        # Without --master_addr the launcher asks the first host for `hostname -I`, which lists no loopback
+        # address and, on a multi-homed node, may pick an interface the others cannot reach; the name the
+        # hostfile gives is the one every node already resolves for ssh.
+        cmd += ["--hostfile", args.hostfile, "--master_addr", first_host(args.hostfile)]
     else:
         cmd += ["--num_gpus", str(args.nproc), "--master_addr", "127.0.0.1"]
     cmd += ["--master_port", str(args.master_port or _free_port()), "--no_local_rank", "--module", "pretrain.train"]
     return cmd + to_argv(args)
+
+
+def first_host(hostfile: str) -> str:
+    """The first node of a DeepSpeed hostfile (``HOST slots=N`` lines, ``#`` comments): the rendezvous master."""
+    for line in Path(hostfile).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            return line.split()[0]
+    raise ValueError(f"hostfile {hostfile} lists no host")
 
 
 def launcher_env() -> dict[str, str]:

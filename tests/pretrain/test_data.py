@@ -104,6 +104,29 @@ def test_loader_state_dict_resume(corpus: Path, num_workers: int) -> None:
         ShardLoader(DataConfig(shards=str(corpus), num_workers=num_workers + 1)).load_state_dict(state)
 
 
+def test_resume_at_another_world_size_continues_every_reader(corpus: Path) -> None:
+    cfg = DataConfig(shards=str(corpus), seq_len=64, micro_batch=2, pages_per_batch=1)
+    index = ShardIndex.open(cfg.shards)
+    packers = {r: Packer(cfg, index, r, 2) for r in (0, 1)}  # what readers 0 and 1 of a world of 2 yield, in order
+    stream = {r: [packers[r].next_batch()["spans"] for _ in range(6)] for r in (0, 1)}
+    two = [ShardLoader(cfg, r, 2, index=index) for r in (0, 1)]
+    assert [[next(loader)["spans"] for _ in range(3)] for loader in two] == [stream[0][:3], stream[1][:3]]
+    # World size 1 takes both readers and reads them in turn, each from its own cursor: nothing repeated or skipped.
+    one = ShardLoader(cfg, 0, 1, index=index)
+    one.resume([loader.state_dict() for loader in two])
+    assert [next(one)["spans"] for _ in range(3)] == [stream[0][3], stream[1][3], stream[0][4]]
+    # Its save resumes at world size 1 in the same turn, and at 2 with each rank back on its own reader.
+    again = ShardLoader(cfg, 0, 1, index=index)
+    again.resume([one.state_dict()])
+    assert [next(again)["spans"] for _ in range(2)] == [stream[1][4], stream[0][5]]
+    back = [ShardLoader(cfg, r, 2, index=index) for r in (0, 1)]
+    for loader in back:
+        loader.resume([one.state_dict()])
+    assert [next(loader)["spans"] for loader in back] == [stream[0][5], stream[1][4]]
+    with pytest.raises(ValueError, match="divide"):  # 2 readers cannot be dealt to 3 ranks
+        ShardLoader(cfg, 0, 3, index=index).resume([loader.state_dict() for loader in two])
+
+
 def test_sample_weights_file(corpus: Path, tmp_path: Path) -> None:
     ids = list(_lengths(corpus))
     weights = tmp_path / "weights.parquet"

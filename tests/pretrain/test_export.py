@@ -130,24 +130,33 @@ def test_export_matches_engine_logits_one_rank(stage, runs, tmp_path, capsys) ->
     reason="c10d's TCP store binds every interface: run inside a loopback-only namespace "
     "(unshare -n sh -c 'ip link set lo up && exec pytest ...')",
 )
-@pytest.mark.parametrize(
-    "stage",
-    [
-        2,
-        pytest.param(
-            3,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="pre-training itself breaks under ZeRO-3 on 2 ranks: ranks make different module calls (E_v "
-                "cache hits skip the frozen encoder's forward, a rank without pages skips the visual forward), so "
-                "ZeRO-3's parameter all-gathers mismatch (gloo 'collective mismatch') at step 2",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("stage", [2, 3])
 def test_export_matches_engine_logits_two_ranks(stage, runs, tmp_path, capsys) -> None:
     _check(runs, tmp_path, capsys, stage, ranks=2)
     assert len(list((runs(stage, 2) / "ckpt" / "step3").glob("*_optim_states.pt"))) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.skipif(
+    not in_loopback_namespace(),
+    reason="c10d's TCP store binds every interface: run inside a loopback-only namespace "
+    "(unshare -n sh -c 'ip link set lo up && exec pytest ...')",
+)
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="ZeRO-2 on 2 ranks reduces gradients wrongly when the ranks' backward graphs differ (at step 2 rank 1 has "
+    "no image crops, so W_in gets its gradient at another point of the backward): step 3 loss 13.891 against 13.871 "
+    "for ZeRO-3 here, for ZeRO-0 (whose all-reduce does not depend on the order gradients arrive in) and for ZeRO-2 "
+    "with the lockstep model, which would fix it at the cost of the E_v feature cache",
+)
+def test_zero2_and_zero3_two_ranks_train_alike(runs) -> None:
+    def losses(stage: int) -> list[float]:
+        rows = (runs(stage, 2) / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(row)["loss"] for row in rows]
+
+    assert losses(2) == pytest.approx(losses(3), rel=0, abs=1e-4)
 
 
 def test_export_of_run_in_progress_takes_latest_complete_checkpoint(runs, tmp_path, capsys) -> None:

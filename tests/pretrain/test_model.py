@@ -140,3 +140,104 @@ def test_vocab_mismatch_is_an_error(model: VisualPretrainModel) -> None:
             torch.zeros(0, 3, 64, 64),
             torch.zeros(0, 3, dtype=torch.long),
         )
+
+
+# --- lockstep (ZeRO-3): the same module calls on every rank, whatever its batch holds ---
+
+
+def _without_images_and_pages(batch: dict) -> dict:
+    """The text of ``batch`` alone: what a rank whose micro-batch drew no crops and no pages holds."""
+    out = dict(batch)
+    out["image_pixels"] = batch["image_pixels"][:0]
+    out["image_slots"] = batch["image_slots"][:0]
+    out["page_pixels"], out["page_mask"] = batch["page_pixels"][:0], batch["page_mask"][:0]
+    out["image_keys"], out["page_keys"] = [], []
+    return out
+
+
+def _trace(model: VisualPretrainModel, inputs: dict) -> tuple[list[str], list[str], dict]:
+    """(modules called in forward order, parameters whose gradient is ready in backward order, the outputs)."""
+    calls: list[str] = []
+    ready: list[str] = []
+    handles = [m.register_forward_pre_hook(lambda m, a, n=n: calls.append(n)) for n, m in model.named_modules()]
+    handles += [
+        p.register_post_accumulate_grad_hook(lambda p, n=n: ready.append(n))
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    ]
+    model.zero_grad(set_to_none=True)
+    try:
+        out = model(**inputs)
+        out["loss"].backward()
+    finally:
+        for h in handles:
+            h.remove()
+    return calls, ready, out
+
+
+@pytest.fixture(scope="module")
+def twins(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The same weights twice: as ZeRO-0/1/2 run it and in lockstep (ZeRO-3), both with a warm feature cache."""
+    cfg = ModelConfig(
+        backbone=str(tiny_models / "pretrain-lm"),
+        encoder=str(tiny_models / "pretrain-vision"),
+        feature_cache=str(tmp_path_factory.mktemp("feats")),
+    )
+    plain = VisualPretrainModel.load(cfg, ObjectiveConfig(), patch=8).train()
+    lock = VisualPretrainModel.load(cfg, ObjectiveConfig(), patch=8, lockstep=True).train()
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), lock.state_dict().values()))
+    return plain, lock
+
+
+@pytest.fixture(scope="module")
+def full_batch(corpus: Path) -> dict:
+    cfg = DataConfig(shards=str(corpus), seq_len=96, micro_batch=2, pages_per_batch=2)
+    batch = Packer(cfg, ShardIndex.open(cfg.shards), 0, 1).next_batch()
+    assert batch["image_slots"].shape[0] > 0 and batch["page_pixels"].shape[0] == 2
+    return model_inputs(batch)
+
+
+def test_lockstep_makes_the_same_module_calls_whatever_the_batch(twins, full_batch) -> None:
+    plain, lock = twins
+    plain._cache.clear()  # start cold: the first plain pass below must miss the cache
+    for f in Path(plain.cfg.feature_cache).iterdir():
+        f.unlink()
+    empty = _without_images_and_pages(full_batch)
+    first, again, bare = _trace(lock, full_batch), _trace(lock, full_batch), _trace(lock, empty)
+    # Forward: a second pass over the same images (cache hits elsewhere) and a batch with no images or pages call
+    # exactly the modules of the first pass, in its order, E_v included, each once per call site.
+    assert first[0] == again[0] == bare[0]
+    assert first[0].count("encoder") == 2 and first[0].count("w_in") == 2 and first[0].count("psi") == 1
+    # Backward: every trainable parameter gets its gradient, in the same order (ZeRO-3 reduce-scatters by it).
+    trainable = {n for n, p in lock.named_parameters() if p.requires_grad}
+    assert set(first[1]) == trainable and first[1] == again[1] == bare[1]
+    # Without lockstep the cached pass skips E_v and the bare batch skips the visual forward: what broke ZeRO-3.
+    plain_first, plain_again, plain_bare = _trace(plain, full_batch), _trace(plain, full_batch), _trace(plain, empty)
+    assert plain_first[0].count("encoder") == 2 and "encoder" not in plain_again[0]
+    assert "psi" not in plain_bare[0] and set(plain_bare[1]) != trainable
+
+
+def test_lockstep_dummies_add_nothing_to_loss_or_gradient(twins, full_batch) -> None:
+    plain, lock = twins
+
+    def grads(model: VisualPretrainModel) -> dict[str, torch.Tensor]:
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    # Real data: the same losses (W_in projects all slots in one call, so equal up to float rounding).
+    out_p, out_l = _trace(plain, full_batch)[2], _trace(lock, full_batch)[2]
+    for key in ("loss", "l_text", "l_vp"):
+        assert torch.allclose(out_p[key], out_l[key], rtol=0, atol=1e-5), key
+    assert out_p["vp_positions"] == out_l["vp_positions"] > 0
+    # No images, no pages: the dummies change no bit of the loss, and every gradient they reach is exactly zero.
+    empty = _without_images_and_pages(full_batch)
+    out_p = _trace(plain, empty)[2]
+    g_plain = grads(plain)
+    out_l = _trace(lock, empty)[2]
+    g_lock = grads(lock)
+    assert torch.equal(out_l["loss"], out_p["loss"]) and torch.equal(out_l["l_text"], out_p["l_text"])
+    assert out_l["l_vp"].item() == 0.0 and out_l["vp_positions"].item() == 0
+    visual = [n for n in g_lock if n.startswith(("w_in.", "psi."))]
+    assert len(visual) == 6 and all(not g_lock[n].any() for n in visual)
+    backbone = [n for n in g_lock if n.startswith("backbone.")]
+    assert backbone and all(torch.equal(g_lock[n], g_plain[n]) for n in backbone)
+    assert g_lock["backbone.model.embed_tokens.weight"].abs().sum() > 0
