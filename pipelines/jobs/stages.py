@@ -93,7 +93,3 @@ class VisualGainFilter:
 
     def __call__(self, document: Document, pages: Sequence[Page]) -> tuple[list[Page], list[Dropped]]:
         return self.decide(document, self.scorer.run_batch(list(pages), self.model))
-
-
-def make_page_filter(slot: VisualGainSlot | None) -> VisualGainFilter | None:
-    return None if slot is None else VisualGainFilter(slot)

@@ -265,7 +265,7 @@ def test_build_with_visual_gain_equals_the_direct_scorer(corpus: Path, tmp_path:
     from parsing import iter_parse
     from pipelines.assembly.build import DocumentBuilder
     from pipelines.jobs.corpus import run
-    from pipelines.jobs.stages import VisualGainDecider, VisualGainSlot
+    from pipelines.jobs.stages import VisualGainFilter, VisualGainSlot
     from pipelines.tiny import write_area
     from visual_gain.review import read_scored_pages
     from visual_gain.scorer import VisualGainConfig, VisualGainScorer
@@ -289,8 +289,7 @@ def test_build_with_visual_gain_equals_the_direct_scorer(corpus: Path, tmp_path:
             direct[p.page_id] = p.scores["visual_gain"]
     threshold = statistics.median(v["delta_h_nats"] for v in direct.values())
     Thresholds(by_domain={d: threshold for d in Thresholds.load(None).by_domain}, keep_text_only=False).save(thr_path)
-    decide = VisualGainDecider(slot)
-    builder = DocumentBuilder(config, lambda doc, pages: decide(doc, scorer.run_batch(pages, model)))
+    builder = DocumentBuilder(config, VisualGainFilter(slot))  # the scorer inside the build, as before RunInference
     expected = {}
     for s, items in parsed.items():
         result = builder.build((corpus / Path(s).name).read_bytes(), s, items)
