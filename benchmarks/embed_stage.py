@@ -4,7 +4,11 @@
 Crops are PIL-drawn PNGs (random shapes and colours, 224×224 so the model's image preprocessing runs as it
 would on real figures); the model is the tiny random CLIP of ``scifolio models tiny`` unless ``--model`` names
 another sentence-transformers image model. Runs alternate (loop, Beam, loop, Beam…) and the median of each is
-reported, so load from other processes on the machine falls on both sides.
+reported, so load from other processes on the machine falls on both sides. Both sides exclude model loading (the
+Beam side times its handler's ``load_model`` and subtracts it); the Beam side includes pipeline start-up, reading
+the crops from a file and collecting the vectors. Reported twice: wall-clock crops/s, and crops per CPU-second of
+this process (the in-memory DirectRunner runs in it), which other jobs on a shared machine disturb much less;
+the last line is the CPU ratio.
 
     nice python benchmarks/embed_stage.py --crops 512 --batch-size 32 --repeats 3
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import pickle
 import statistics
 import tempfile
@@ -41,31 +46,53 @@ def make_crops(n: int, size: int = 224):
     return out
 
 
-def bare_loop(crops, model_path: str, batch: int) -> tuple[float, np.ndarray]:
+def cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def bare_loop(crops, model_path: str, batch: int) -> tuple[float, float, np.ndarray]:
+    """(wall s, CPU s, vectors), model load excluded."""
     from PIL import Image
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(model_path, device="cpu").eval()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), cpu_s()
     vecs = []
     for s in range(0, len(crops), batch):
         images = [Image.open(io.BytesIO(c.png)).convert("RGB") for c in crops[s : s + batch]]
         vecs.append(model.encode(images, batch_size=batch, convert_to_numpy=True, show_progress_bar=False))
-    return len(crops) / (time.perf_counter() - t), np.concatenate(vecs)
+    return time.perf_counter() - t, cpu_s() - c, np.concatenate(vecs)
 
 
-def beam_stage(crops, model_path: str, batch: int) -> tuple[float, np.ndarray]:
-    """Pipeline throughput, start-up included, model load excluded (the loop's is too): RunInference's own
-    load-time metric is subtracted."""
+def timed_handler(cfg, log: Path):
+    """The job's handler, appending "wall CPU" seconds of each ``load_model`` to ``log`` (the handler reaches the
+    runner pickled, so a file, not a global)."""
+    from pipelines.jobs.index import CropEmbedding
+
+    class Timed(CropEmbedding):
+        def load_model(self):
+            w, c = time.perf_counter(), cpu_s()
+            model = super().load_model()
+            with open(log, "a") as f:
+                f.write(f"{time.perf_counter() - w} {cpu_s() - c}\n")
+            return model
+
+    return Timed(cfg)
+
+
+def beam_stage(crops, model_path: str, batch: int) -> tuple[float, float, np.ndarray]:
+    """(wall s, CPU s, vectors) of the pipeline, start-up included, model load excluded (the loop's is too)."""
     import apache_beam as beam
     from apache_beam.ml.inference.base import RunInference
 
-    from pipelines.jobs.index import CropEmbedding, IndexJobConfig
+    from pipelines.jobs.index import IndexJobConfig
     from retrieval.index import IndexConfig
 
     cfg = IndexJobConfig(out="unused", index=IndexConfig(), embed_model=model_path, batch_size=batch)
-    handler = CropEmbedding(cfg)
     tmp = Path(tempfile.mkdtemp())
+    loads = tmp / "loads.txt"
+    handler = timed_handler(cfg, loads)
     out = tmp / "vectors.npy"
     # The crops enter the pipeline from a file, as the job's ReadCrops reads them from shards: beam.Create would
     # pickle and bz2-compress every crop into the pipeline graph (seconds of construction, not the stage).
@@ -74,7 +101,7 @@ def beam_stage(crops, model_path: str, batch: int) -> tuple[float, np.ndarray]:
     opts = beam.options.pipeline_options.PipelineOptions(
         ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
     )
-    t = time.perf_counter()
+    t, c = time.perf_counter(), cpu_s()
     p = beam.Pipeline(options=opts)
     if True:
         (
@@ -88,14 +115,11 @@ def beam_stage(crops, model_path: str, batch: int) -> tuple[float, np.ndarray]:
         )
     result = p.run()
     result.wait_until_finish()
-    # RunInference reports its own model load time; the loop's load is outside its timing too.
-    load_ms = sum(
-        d.committed.sum
-        for d in result.metrics().query()["distributions"]
-        if d.key.metric.name.endswith("load_model_latency_milli_secs")
-    )
-    elapsed = time.perf_counter() - t - load_ms / 1000
-    return len(crops) / elapsed, np.load(out)
+    wall, cpu = time.perf_counter() - t, cpu_s() - c
+    timings = [tuple(map(float, line.split())) for line in loads.read_text().splitlines()]
+    if len(timings) != 1:
+        raise RuntimeError(f"expected one model load in this process, saw {len(timings)}")
+    return wall - timings[0][0], cpu - timings[0][1], np.load(out)
 
 
 def main() -> None:
@@ -103,6 +127,12 @@ def main() -> None:
     ap.add_argument("--crops", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--steady",
+        action="store_true",
+        help="also run both sides on 2 batches per repeat and report the marginal (steady-state) CPU ratio, "
+        "without the fixed cost of starting a pipeline",
+    )
     ap.add_argument("--model", default=None, help="sentence-transformers image model (default: tiny random CLIP)")
     args = ap.parse_args()
     import torch
@@ -114,19 +144,44 @@ def main() -> None:
 
         model = write_area(Path(tempfile.mkdtemp()), "retrieval")["retrieval-clip"]
     crops = make_crops(args.crops)
-    loop_r, beam_r = [], []
+    bare_loop(crops[: 2 * args.batch_size], model, args.batch_size)  # warm-up of both sides: imports, caches
+    beam_stage(crops[: 2 * args.batch_size], model, args.batch_size)
+    runs: dict[str, list[tuple[float, float]]] = {"loop": [], "beam": []}
+    small: dict[str, list[float]] = {"loop": [], "beam": []}  # CPU s of a 2-batch run: the fixed costs
     for _ in range(args.repeats):
-        r, ref = bare_loop(crops, model, args.batch_size)
-        loop_r.append(r)
-        r, out = beam_stage(crops, model, args.batch_size)
-        beam_r.append(r)
+        w, c, ref = bare_loop(crops, model, args.batch_size)
+        runs["loop"].append((w, c))
+        w, c, out = beam_stage(crops, model, args.batch_size)
+        runs["beam"].append((w, c))
         norm = ref / np.linalg.norm(ref, axis=1, keepdims=True)
         assert np.allclose(out, norm, atol=1e-5), "RunInference output differs from the bare loop"
-    lo, be = statistics.median(loop_r), statistics.median(beam_r)
-    print(f"bare encode loop: {lo:.1f} crops/s  (runs {', '.join(f'{x:.1f}' for x in loop_r)})")
-    print(f"RunInference stage: {be:.1f} crops/s  (runs {', '.join(f'{x:.1f}' for x in beam_r)})")
+        if args.steady:
+            small["loop"].append(bare_loop(crops[: 2 * args.batch_size], model, args.batch_size)[1])
+            small["beam"].append(beam_stage(crops[: 2 * args.batch_size], model, args.batch_size)[1])
+    n = len(crops)
+    rate = {k: ([n / w for w, _ in v], [n / c for _, c in v]) for k, v in runs.items()}
+    for key, name in (("loop", "bare encode loop"), ("beam", "RunInference stage")):
+        wall, cpu = rate[key]
+        print(
+            f"{name:<18} {statistics.median(wall):7.1f} crops/s wall (runs {', '.join(f'{x:.1f}' for x in wall)}); "
+            f"{statistics.median(cpu):7.1f} crops/CPU-s (runs {', '.join(f'{x:.1f}' for x in cpu)})"
+        )
     print(f"crops={args.crops} batch={args.batch_size} torch_threads=1")
-    print(f"embed_stage_ratio: {be / lo:.3f}")
+    if args.steady:
+        # what a long job pays per crop: the CPU of the N-crop run minus that of a 2-batch run, per crop
+        dn = n - 2 * args.batch_size
+        marginal = {k: [dn / (c - s) for (_, c), s in zip(runs[k], small[k])] for k in runs}
+        fixed = {k: statistics.median(v) for k, v in small.items()}
+        print(
+            f"fixed CPU s of a 2-batch run: loop {fixed['loop']:.2f}, RunInference {fixed['beam']:.2f}; steady state "
+            f"(marginal) crops/CPU-s: loop {statistics.median(marginal['loop']):.1f} "
+            f"(runs {', '.join(f'{x:.1f}' for x in marginal['loop'])}), RunInference "
+            f"{statistics.median(marginal['beam']):.1f} (runs {', '.join(f'{x:.1f}' for x in marginal['beam'])})"
+        )
+        m_ratio = statistics.median(marginal["beam"]) / statistics.median(marginal["loop"])
+        print(f"steady-state ratio (CPU, marginal): {m_ratio:.3f}")
+    print(f"wall-clock ratio: {statistics.median(rate['beam'][0]) / statistics.median(rate['loop'][0]):.3f}")
+    print(f"embed_stage_ratio (CPU): {statistics.median(rate['beam'][1]) / statistics.median(rate['loop'][1]):.3f}")
 
 
 if __name__ == "__main__":

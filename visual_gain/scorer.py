@@ -34,7 +34,8 @@ class VisualGainConfig:
     model: str
     """Hugging Face model id or local directory (Qwen2-VL / Qwen2.5-VL / LLaVA families)."""
     batch_size: int = 8
-    """Maximum rows per forward call (text-only and interleaved rows of different pages share calls)."""
+    """Maximum rows per forward call (text-only and interleaved rows of different pages share calls); the corpus
+    job also hands documents to the scorer in Beam batches of up to this many pages."""
     max_batch_tokens: int = 16384
     """Maximum padded tokens (rows × longest row) per forward call; bounds activation memory."""
     max_text_tokens: int = 2048

@@ -128,6 +128,20 @@ class DocResult:
     """An infrastructure failure outlived its retries: the document is NOT marked done, a rerun retries it."""
 
 
+@dataclass
+class PendingDocument:
+    """A parsed document waiting for the page filter (``DocumentBuilder.prepare`` → ``finish``): what the
+    corpus job hands from its parse step through the visual-gain RunInference step to its finishing step."""
+
+    doc_id: str
+    source: str
+    document: Document
+    pages: list[Page]
+    dropped: list[Dropped]
+    """Dead letters so far (pages the parser dropped), in the order ``build`` reports them."""
+    stats: dict[str, int]
+
+
 def is_infrastructure_error(exc: BaseException) -> bool:
     """True for failures of the machine, a service or a model (retry later); False for content failures
     (``formats.outcomes``)."""
@@ -170,20 +184,42 @@ class DocumentBuilder:
         fails) raises ``RetryableError``: the caller retries, and a document whose failure persists is not
         marked done. Any other error is a property of the document: a final dead letter (stage "build", reason
         "error") with the traceback, so one bad document never fails the job.
+
+        The same as ``prepare`` then ``finish`` with this builder's page filter: the corpus job runs the two
+        halves in separate steps when the filter is a model (``pipelines.jobs.corpus``: Beam's RunInference).
         """
+        prepared = self.prepare(data, source, parse_items)
+        if isinstance(prepared, DocResult):
+            return prepared
+        return self.finish(prepared, self.page_filter)
+
+    def prepare(
+        self, data: bytes, source: str, parse_items: Iterable[Document | Page | Dropped]
+    ) -> DocResult | PendingDocument:
+        """Everything before the page filter: a final ``DocResult`` (rejected at open, failed as a whole,
+        decontaminated), or a ``PendingDocument`` whose pages go to the page filter next. Errors as ``build``."""
+        doc_id = hashlib.sha256(data).hexdigest()
+        return self._guarded(doc_id, source, lambda: self._prepare(doc_id, source, parse_items))
+
+    def finish(self, pending: PendingDocument, page_filter: PageFilter | None) -> DocResult:
+        """The page filter (None: every page kept), then interleave, tokenise and chunk. Errors as ``build``."""
+        return self._guarded(pending.doc_id, pending.source, lambda: self._finish(pending, page_filter))
+
+    @staticmethod
+    def _guarded(doc_id: str, source: str, fn: Callable[[], Any]) -> Any:
         try:
-            return self._build(data, source, parse_items)
+            return fn()
         except Exception as e:
             if is_infrastructure_error(e):
                 raise RetryableError(f"{source}: {e!r}") from e
             import traceback
 
-            doc_id = hashlib.sha256(data).hexdigest()
             detail = {"source": source, "error": repr(e), "traceback": traceback.format_exc(limit=8)}
             return DocResult(doc_id, source, [], [Dropped(doc_id, "build", "error", detail)], {})
 
-    def _build(self, data: bytes, source: str, parse_items: Iterable[Document | Page | Dropped]) -> DocResult:
-        doc_id = hashlib.sha256(data).hexdigest()
+    def _prepare(
+        self, doc_id: str, source: str, parse_items: Iterable[Document | Page | Dropped]
+    ) -> DocResult | PendingDocument:
         stats: Counter[str] = Counter()
         dropped: list[Dropped] = []
         pages: list[Page] = []
@@ -220,9 +256,14 @@ class DocumentBuilder:
                 dropped.append(Dropped(doc_id, "decontam", "benchmark_overlap", detail))
                 stats["documents"] = 0
                 return DocResult(doc_id, source, [], dropped, dict(stats))
+        return PendingDocument(doc_id, source, document, pages, dropped, dict(stats))
+
+    def _finish(self, pending: PendingDocument, page_filter: PageFilter | None) -> DocResult:
+        doc_id, source, document = pending.doc_id, pending.source, pending.document
+        pages, dropped, stats = list(pending.pages), list(pending.dropped), Counter(pending.stats)
         rejected: list[Dropped] = []
-        if self.page_filter is not None and pages:
-            pages, rejected = self.page_filter(document, pages)
+        if page_filter is not None and pages:
+            pages, rejected = page_filter(document, pages)
             dropped.extend(rejected)
         stats["pages_kept"] = len(pages)
         if rejected and not pages:  # the filter removed every page: an outcome of policy, not a failure

@@ -5,7 +5,10 @@
 
 Graph:
     patterns → MatchAll → ReadAndHash (doc_id) → GroupByKey(doc_id) → dedupe (duplicates → dead letters)
-      → Reshuffle → ProcessDocument [parse → visual-gain slot → interleave → chunk; cached per doc]
+      → Reshuffle → ProcessDocument [parse → interleave → chunk; cached per doc]
+          ├─ "pending" (visual gain on): parsed documents → RunInference(VisualGainScoring: the VLM loaded once
+          │     per worker, documents batched up to the configured pages) → FinishDocument [thresholds →
+          │     interleave → chunk; cached per doc] → main / "dropped" as below
           ├─ main: finished documents → shard = hash(doc_id) mod N → GroupByKey → WriteShard (sorted)
           └─ "dropped": dead letters → GroupByKey(stage) → quarantine/<stage>.jsonl (sorted)
     Shard and quarantine writers each emit a BuildSummary of what they wrote (entry, doc ids, reasons, page
@@ -34,6 +37,7 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.ml.inference.base import PredictionResult, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import fs
@@ -45,6 +49,8 @@ from pipelines.assembly.build import (
     BuildConfig,
     DocResult,
     DocumentBuilder,
+    PendingDocument,
+    RetryableError,
     RetryPolicy,
     WorkStore,
     is_infrastructure_error,
@@ -54,6 +60,7 @@ from pipelines.assembly.build import (
     write_shard_from_docs,
 )
 from pipelines.assembly.summary import BuildSummary
+from pipelines.jobs.scoring import ScoringOutcome, VisualGainScoring
 
 log = logging.getLogger(__name__)
 NAMESPACE = "scifolio"
@@ -131,12 +138,37 @@ def dedupe(element: tuple[str, Iterable[str]]) -> Iterable[Any]:
         )
 
 
-class ProcessDocument(beam.DoFn):
-    """Parse, score, interleave and chunk one document; cached per doc_id under the work dir.
+def emit_result(store: WorkStore, result: DocResult) -> Iterator[Any]:
+    """A built document: saved as done (unless retryable), its stats counted, its dead letters on "dropped", its
+    doc_id on the main output when it has chunks."""
+    if result.retryable:  # not marked done: the next run retries it
+        Metrics.counter(NAMESPACE, "documents_retryable").inc()
+        for d in result.dropped:
+            Metrics.counter(NAMESPACE, f"dropped.{d.stage}.{d.reason}").inc()
+            yield beam.pvalue.TaggedOutput("dropped", d.to_row())
+        return
+    yield from emit_done(store.save(result), result.dropped)
 
-    Heavy objects (tokenizer, parser worker, visual-gain model) are built in ``setup``; the tokenizer loads
-    in a background thread while the parse worker starts up and parses the first document (a loading error
-    is raised by ``process`` before that document is built, not turned into a dead letter).
+
+def emit_done(summary: dict[str, Any], dropped: Iterable[Dropped]) -> Iterator[Any]:
+    for key, value in summary["stats"].items():
+        Metrics.counter(NAMESPACE, key).inc(int(value))
+    for d in dropped:
+        Metrics.counter(NAMESPACE, f"dropped.{d.stage}.{d.reason}").inc()
+        yield beam.pvalue.TaggedOutput("dropped", d.to_row())
+    if summary["n_chunks"]:
+        yield summary["doc_id"]
+
+
+class ProcessDocument(beam.DoFn):
+    """Parse, interleave and chunk one document; cached per doc_id under the work dir.
+
+    With visual gain on, a parsed document with pages leaves on the "pending" output instead (a
+    ``PendingDocument``): the job scores it through RunInference and ``FinishDocument`` builds it.
+
+    Heavy objects (tokenizer, parser worker) are built in ``setup``; the tokenizer loads in a background thread
+    while the parse worker starts up and parses the first document (a loading error is raised by ``process``
+    before that document is built, not turned into a dead letter).
     """
 
     def __init__(
@@ -155,14 +187,12 @@ class ProcessDocument(beam.DoFn):
 
     def setup(self) -> None:
         from parsing import warm_up
-        from pipelines.jobs.stages import make_page_filter
 
         # The parse worker loads MinerU and starts its helpers while this process loads the tokenizer.
         if self.config.parse is not None:
             warm_up(self.config.parse)
         self.store = WorkStore(self.work_root)
-        self.page_filter = make_page_filter(self.config.visual_gain)
-        self._builder = _in_background(DocumentBuilder, self.config, self.page_filter)
+        self._builder = _in_background(DocumentBuilder, self.config)
         self._bar = None
         if self.progress_total:
             from tqdm import tqdm
@@ -176,40 +206,35 @@ class ProcessDocument(beam.DoFn):
         summary = self.store.done(doc_id)
         if summary is not None:
             Metrics.counter(NAMESPACE, "documents_resumed").inc()
-            dropped = self.store.dropped(doc_id)
+            yield from emit_done(summary, self.store.dropped(doc_id))
         else:
             t0 = time.perf_counter()
             result = self._build_with_retries(doc_id, source, iter_parse)
             Metrics.distribution(NAMESPACE, "doc_ms").update(int((time.perf_counter() - t0) * 1000))
-            dropped = result.dropped
-            if result.retryable:  # not marked done: the next run retries it
-                Metrics.counter(NAMESPACE, "documents_retryable").inc()
-                for d in dropped:
-                    Metrics.counter(NAMESPACE, f"dropped.{d.stage}.{d.reason}").inc()
-                    yield beam.pvalue.TaggedOutput("dropped", d.to_row())
-                if self._bar is not None:
-                    self._bar.update(1)
-                return
-            summary = self.store.save(result)
-        for key, value in summary["stats"].items():
-            Metrics.counter(NAMESPACE, key).inc(int(value))
-        for d in dropped:
-            Metrics.counter(NAMESPACE, f"dropped.{d.stage}.{d.reason}").inc()
-            yield beam.pvalue.TaggedOutput("dropped", d.to_row())
+            if isinstance(result, PendingDocument) and result.pages:
+                yield beam.pvalue.TaggedOutput("pending", result)  # scored by RunInference, built by FinishDocument
+            else:
+                if isinstance(result, PendingDocument):  # no page to score
+                    result = self._builder.result().finish(result, None)
+                yield from emit_result(self.store, result)
         if self._bar is not None:
             self._bar.update(1)
-        if summary["n_chunks"]:
-            yield doc_id
 
-    def _build_with_retries(self, doc_id: str, source: str, iter_parse: Callable[..., Any]) -> DocResult:
-        """Read, parse and build; an infrastructure failure (out of memory, I/O, a failing model or backend) is
-        retried with exponential backoff, and one that persists gives a ``retryable`` result."""
+    def _build_with_retries(
+        self, doc_id: str, source: str, iter_parse: Callable[..., Any]
+    ) -> DocResult | PendingDocument:
+        """Read, parse and build (with visual gain on: prepare, the page filter comes later); an infrastructure
+        failure (out of memory, I/O, a failing model or backend) is retried with exponential backoff, and one
+        that persists gives a ``retryable`` result."""
         for attempt in range(1, self.retry.attempts + 1):
             try:
                 with FileSystems.open(source) as f:
                     data = f.read()
                 parsed = _Parsed(iter_parse(data, source, self.config.parse))
-                return self._builder.result().build(data, source, parsed)
+                builder = self._builder.result()
+                if self.config.visual_gain is not None:
+                    return builder.prepare(data, source, parsed)
+                return builder.build(data, source, parsed)
             except Exception as e:
                 if not is_infrastructure_error(e):
                     raise
@@ -226,9 +251,51 @@ class ProcessDocument(beam.DoFn):
     def teardown(self) -> None:
         if getattr(self, "_bar", None) is not None:
             self._bar.close()
-        closer = getattr(getattr(self, "page_filter", None), "close", None)
-        if closer:
-            closer()
+
+
+class FinishDocument(beam.DoFn):
+    """A document scored by the visual-gain RunInference step → thresholds (and the review export) → interleave
+    → chunk → saved as done; outputs as ``ProcessDocument``'s. A scoring failure ends here: an infrastructure
+    one leaves the document retryable (the scoring step already retried it), any other is its final
+    ``build/error`` dead letter, as when the scorer ran inside the build."""
+
+    def __init__(self, config: BuildConfig, work_root: str, retry: RetryPolicy | None = None):
+        self.config = config
+        self.work_root = work_root
+        self.retry = retry or RetryPolicy()
+
+    def setup(self) -> None:
+        from pipelines.jobs.stages import VisualGainDecider
+
+        self.store = WorkStore(self.work_root)
+        self.builder = DocumentBuilder(self.config)
+        self.decide = VisualGainDecider(self.config.visual_gain)
+
+    def process(self, scored: PredictionResult) -> Iterable[Any]:
+        doc: PendingDocument = scored.example
+        outcome: ScoringOutcome = scored.inference
+        yield from emit_result(self.store, self._result(doc, outcome))
+
+    def _result(self, doc: PendingDocument, outcome: ScoringOutcome) -> DocResult:
+        if outcome.pages is None:
+            detail = {"source": doc.source, "error": outcome.error, "traceback": outcome.traceback}
+            if outcome.infrastructure:
+                detail["attempts"] = outcome.attempts
+                return DocResult(
+                    doc.doc_id, doc.source, [], [Dropped(doc.doc_id, "build", "retryable", detail)], {}, retryable=True
+                )
+            return DocResult(doc.doc_id, doc.source, [], [Dropped(doc.doc_id, "build", "error", detail)], {})
+        pages = outcome.pages
+        for attempt in range(1, self.retry.attempts + 1):
+            try:  # an infrastructure failure here (the review export's I/O) is retried as the build's
+                return self.builder.finish(doc, lambda document, _unscored: self.decide(document, pages))
+            except RetryableError as e:
+                log.warning("%s: attempt %d/%d failed: %r", doc.source, attempt, self.retry.attempts, e)
+                if attempt == self.retry.attempts:
+                    return retryable_result(doc.doc_id, doc.source, e, attempt)
+                Metrics.counter(NAMESPACE, "build_retries").inc()
+                time.sleep(self.retry.backoff_s * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
 
 
 def _in_background(fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -360,11 +427,21 @@ def build_pipeline(
         | "Spread" >> beam.Reshuffle()
         | "ProcessDocument"
         >> beam.ParDo(ProcessDocument(config, work_root, parser_version, progress_total, retry)).with_outputs(
-            "dropped", main="docs"
+            "dropped", "pending", main="docs"
         )
     )
-    dropped = (hashed.dropped, unique.dropped, processed.dropped, *([near_dropped] if near_dropped is not None else []))
-    outputs = write_outputs(processed.docs, dropped, config, work_root, out)
+    docs = processed.docs
+    dropped = [hashed.dropped, unique.dropped, processed.dropped, *([near_dropped] if near_dropped is not None else [])]
+    if config.visual_gain is not None:
+        finished = (
+            processed.pending
+            | "VisualGain" >> RunInference(VisualGainScoring(config.visual_gain, retry))
+            | "FinishDocument"
+            >> beam.ParDo(FinishDocument(config, work_root, retry)).with_outputs("dropped", main="docs")
+        )
+        docs = (processed.docs, finished.docs) | "AllDocs" >> beam.Flatten()
+        dropped.append(finished.dropped)
+    outputs = write_outputs(docs, dropped, config, work_root, out)
     return {**outputs, "config_hash": config_hash}
 
 

@@ -1,7 +1,9 @@
 """Adapters from stage code to the corpus job's slots (Beam-free; called inside DoFn.setup).
 
 The visual-gain slot sits between parsing and interleaving: a page filter that scores a document's
-pages with the VLM in batches and keeps those at or above their domain's threshold.
+pages with the VLM in batches and keeps those at or above their domain's threshold. The corpus job scores
+through Beam's RunInference (``pipelines.jobs.corpus.VisualGainScoring``) and decides with
+``VisualGainDecider``; ``VisualGainFilter`` does both in one call, with the same ``run_batch`` per document.
 """
 
 from __future__ import annotations
@@ -45,15 +47,13 @@ def visual_gain_config(args: argparse.Namespace) -> VisualGainSlot | None:
     )
 
 
-class VisualGainFilter:
-    """Loads the model once per worker; scores a document's pages in batches; applies thresholds."""
+class VisualGainDecider:
+    """The model-free half of the visual-gain slot: exports a document's scored pages for review, finds its
+    domain and applies the thresholds. The corpus job runs it after its RunInference step."""
 
     def __init__(self, slot: VisualGainSlot):
-        from visual_gain.scorer import VisualGainScorer
         from visual_gain.thresholds import Thresholds
 
-        self.scorer = VisualGainScorer(slot.scorer)
-        self.model = self.scorer.load()
         self.thresholds = Thresholds.load(slot.thresholds_path)
         self.export_dir = slot.export_dir
 
@@ -64,10 +64,10 @@ class VisualGainFilter:
 
         write_scored_pages(pages, fs.join(self.export_dir, doc_id[:2], f"{doc_id}.parquet"))
 
-    def __call__(self, document: Document, pages: Sequence[Page]) -> tuple[list[Page], list[Dropped]]:
+    def __call__(self, document: Document, scored: Sequence[Page]) -> tuple[list[Page], list[Dropped]]:
         from visual_gain.thresholds import domain_of, page_text
 
-        scored = self.scorer.run_batch(list(pages), self.model)
+        scored = list(scored)
         if self.export_dir:
             self._export(document.doc_id, scored)
         # One domain per document (metadata first, else the lexicon over the whole document's text).
@@ -80,5 +80,16 @@ class VisualGainFilter:
         return kept, dropped
 
 
-def make_page_filter(slot: VisualGainSlot | None) -> VisualGainFilter | None:
-    return None if slot is None else VisualGainFilter(slot)
+class VisualGainFilter:
+    """The whole slot in one call (the direct path: unit tests, benchmarks): loads the model once, scores a
+    document's pages in one ``run_batch``, then decides as ``VisualGainDecider``."""
+
+    def __init__(self, slot: VisualGainSlot):
+        from visual_gain.scorer import VisualGainScorer
+
+        self.scorer = VisualGainScorer(slot.scorer)
+        self.model = self.scorer.load()
+        self.decide = VisualGainDecider(slot)
+
+    def __call__(self, document: Document, pages: Sequence[Page]) -> tuple[list[Page], list[Dropped]]:
+        return self.decide(document, self.scorer.run_batch(list(pages), self.model))

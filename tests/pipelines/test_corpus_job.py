@@ -192,46 +192,144 @@ def test_multiprocess_run_equals_in_memory_run_and_kill_resume(corpus: Path, tmp
     assert len({r.chunk_id for r in rows}) == len(rows)  # nothing duplicated
 
 
-def test_build_with_visual_gain_scores_every_kept_page(corpus: Path, tmp_path: Path, tiny_tokenizer: str):
-    """The visual-gain slot in the real job: kept pages carry ΔH, dropped ones are dead letters with the numbers,
-    the manifest has per-domain histograms, and every scored page is exported for review."""
-    from formats.scores import VisualGainScore
+def _vg_config(tokenizer: str, slot, batch_size: int | None = None):
+    from dataclasses import replace
+
     from parsing import ParseConfig
     from pipelines.assembly.build import BuildConfig
-    from pipelines.jobs.corpus import run
+
+    if batch_size is not None:
+        slot = replace(slot, scorer=replace(slot.scorer, batch_size=batch_size))
+    return BuildConfig(
+        tokenizer=tokenizer, max_tokens=4096, overlap=64, parse=ParseConfig(backend="pymupdf"), visual_gain=slot
+    )
+
+
+def test_visual_gain_is_a_run_inference_step_in_the_graph(corpus: Path, tmp_path: Path, tiny_tokenizer: str):
+    """The corpus job scores pages through Beam's RunInference over the visual-gain ModelHandler, batched by
+    Beam with the configured batch size; without visual gain there is no such step."""
+    import apache_beam as beam
+    from apache_beam.ml.inference.base import RunInference
+    from apache_beam.pipeline import PipelineVisitor
+
+    from pipelines.jobs.corpus import build_pipeline
+    from pipelines.jobs.scoring import VisualGainScoring
     from pipelines.jobs.stages import VisualGainSlot
+    from visual_gain.scorer import VisualGainConfig
+
+    def steps(config) -> list:
+        found = []
+
+        class Visit(PipelineVisitor):
+            def enter_composite_transform(self, node):
+                found.append(node)
+
+            def visit_transform(self, node):
+                found.append(node)
+
+        p = beam.Pipeline(options=beam.options.pipeline_options.PipelineOptions(["--runner=DirectRunner"]))
+        build_pipeline(p, [str(corpus)], config, str(tmp_path / "out"), "v")
+        p.visit(Visit())
+        return found
+
+    slot = VisualGainSlot(VisualGainConfig(model="unused-vlm", batch_size=5))
+    nodes = steps(_vg_config(tiny_tokenizer, slot))
+    ri = [n for n in nodes if isinstance(n.transform, RunInference)]
+    assert len(ri) == 1 and ri[0].full_label == "VisualGain"
+    handler = ri[0].transform._model_handler
+    assert isinstance(handler, VisualGainScoring) and handler.config.model == "unused-vlm"
+    kwargs = handler.batch_elements_kwargs()
+    assert (kwargs["min_batch_size"], kwargs["max_batch_size"]) == (5, 5)
+    labels = {n.full_label for n in nodes}
+    # Beam batches the parsed documents, then the inference DoFn runs, then FinishDocument builds them
+    assert {"VisualGain/BatchElements", "VisualGain/BeamML_RunInference", "FinishDocument"} <= labels
+    assert not [n for n in steps(_config(tiny_tokenizer)) if isinstance(n.transform, RunInference)]
+
+
+def test_build_with_visual_gain_equals_the_direct_scorer(corpus: Path, tmp_path: Path, tiny_tokenizer: str):
+    """The visual-gain slot in the real job (RunInference, batch of 3 pages: documents of 2, 3 and 1 pages are
+    batched together or alone): every page's scores, the kept and dropped pages, the dead letters and the shard
+    rows equal those of the direct scorer (``VisualGainScorer.run_batch`` over each document's pages, then the
+    thresholds, as the job did before RunInference) on the same pages. The threshold is the median ΔH, so both
+    outcomes occur. Kept pages carry ΔH, dropped ones are dead letters with the numbers, the manifest has
+    per-domain histograms, and every scored page is exported for review."""
+    import json
+    import statistics
+
+    import pyarrow as pa
+
+    from formats.quarantine import iter_quarantine
+    from formats.records import Page
+    from formats.scores import VisualGainScore
+    from formats.shards import SHARD_SCHEMA, list_shards, read_table
+    from parsing import iter_parse
+    from pipelines.assembly.build import DocumentBuilder
+    from pipelines.jobs.corpus import run
+    from pipelines.jobs.stages import VisualGainFilter, VisualGainSlot
     from pipelines.tiny import write_area
     from visual_gain.review import read_scored_pages
-    from visual_gain.scorer import VisualGainConfig
+    from visual_gain.scorer import VisualGainConfig, VisualGainScorer
     from visual_gain.thresholds import Thresholds
 
     vlm = write_area(tmp_path / "models", "visual_gain")["visual_gain_vlm"]
-    thresholds = Thresholds.load(None)
-    thr_path = tmp_path / "thresholds.json"
-    # a threshold below every plausible ΔH of a random model keeps all pages with visuals
-    Thresholds(by_domain={d: -10.0 for d in thresholds.by_domain}, keep_text_only=False).save(thr_path)
     out = tmp_path / "out"
-    config = BuildConfig(
-        tokenizer=tiny_tokenizer,
-        max_tokens=4096,
-        overlap=64,
-        parse=ParseConfig(backend="pymupdf"),
-        visual_gain=VisualGainSlot(
-            VisualGainConfig(model=vlm, local_files_only=True), str(thr_path), export_dir=str(out / "visual_gain")
-        ),
-    )
+    thr_path = tmp_path / "thresholds.json"
+    slot = VisualGainSlot(VisualGainConfig(model=vlm, local_files_only=True, batch_size=3), str(thr_path))
+    config = _vg_config(tiny_tokenizer, slot)
+
+    # ----- the direct scorer over the same parsed pages, one run_batch per document -----
+    sources = [str(corpus / n) for n in ("a.pdf", "b.pdf", "c.pdf")]  # a_copy.pdf is a duplicate of a.pdf
+    parsed = {s: list(iter_parse((corpus / Path(s).name).read_bytes(), s, config.parse)) for s in sources}
+    scorer = VisualGainScorer(slot.scorer)
+    model = scorer.load()
+    direct = {}
+    for items in parsed.values():
+        pages = [i for i in items if isinstance(i, Page)]
+        for p in scorer.run_batch(pages, model):
+            direct[p.page_id] = p.scores["visual_gain"]
+    threshold = statistics.median(v["delta_h_nats"] for v in direct.values())
+    Thresholds(by_domain={d: threshold for d in Thresholds.load(None).by_domain}, keep_text_only=False).save(thr_path)
+    builder = DocumentBuilder(config, VisualGainFilter(slot))  # the scorer inside the build, as before RunInference
+    expected = {}
+    for s, items in parsed.items():
+        result = builder.build((corpus / Path(s).name).read_bytes(), s, items)
+        expected[result.doc_id] = result
+
+    # ----- the job -----
+    slot = VisualGainSlot(slot.scorer, str(thr_path), export_dir=str(out / "visual_gain"))
     manifest = run(
-        [str(corpus)], str(out), config, ["--direct_running_mode=in_memory", "--direct_num_workers=1"], progress=False
+        [str(corpus)],
+        str(out),
+        _vg_config(tiny_tokenizer, slot),
+        ["--direct_running_mode=in_memory", "--direct_num_workers=1"],
+        progress=False,
     )
-    rows = _shard_rows(out)
-    assert rows
-    scored_pages = 0
-    for r in rows:
-        for page in r.pages:
-            vg = VisualGainScore.of(page)
-            assert vg.kept is True and vg.delta_h_nats >= -10.0 and vg.n_images >= 1
-            scored_pages += 1
-    assert manifest.visual_gain and all(d["kept"] >= 1 for d in manifest.visual_gain.values())
+
+    # every page scored by the job (the review export holds all of them) has exactly the direct scores
     exported = list(read_scored_pages(out / "visual_gain"))
-    assert len(exported) == manifest.metrics["pages_parsed"]
-    assert all(VisualGainScore.of(p) is not None for p in exported)
+    assert len(exported) == manifest.metrics["pages_parsed"] == len(direct) == 6
+    assert {p.page_id: VisualGainScore.of(p).to_dict() for p in exported} == {
+        k: VisualGainScore.from_dict(v).to_dict() for k, v in direct.items()
+    }
+    # the same pages kept (in the shards, rows equal the direct build's) and dropped (same dead letters)
+    got_rows: dict[str, list] = {}
+    for path in list_shards(out):
+        for row in read_table(path).to_pylist():
+            got_rows.setdefault(row["doc_id"], []).append(row)
+    want_rows = {
+        d: pa.Table.from_pylist(r.rows, schema=SHARD_SCHEMA).to_pylist() for d, r in expected.items() if r.rows
+    }
+    assert got_rows == want_rows
+    kept = {(r.doc_id, page.page_index): VisualGainScore.of(page) for r in _shard_rows(out) for page in r.pages}
+    assert kept and all(vg.kept is True and vg.delta_h_nats >= threshold and vg.n_images >= 1 for vg in kept.values())
+
+    def rows(dropped) -> list[str]:  # the corpus's other dead letters (empty, not a PDF, duplicate) are not scored
+        return sorted(json.dumps(d.to_row(), sort_keys=True) for d in dropped if d.stage not in ("open", "dedup"))
+
+    want_dropped = rows(d for r in expected.values() for d in r.dropped)
+    assert rows(iter_quarantine(out / "quarantine")) == want_dropped and want_dropped
+    below = [d for d in iter_quarantine(out / "quarantine") if d.reason == "below_threshold"]
+    assert below and all(d.detail["delta_h_nats"] < threshold for d in below)  # the median drops some pages
+    assert len(kept) + len(below) == len(direct)
+    hist = manifest.visual_gain
+    assert sum(d["kept"] for d in hist.values()) == len(kept) and sum(d["dropped"] for d in hist.values()) == len(below)

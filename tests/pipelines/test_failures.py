@@ -110,6 +110,55 @@ def test_out_of_memory_in_the_scorer_leaves_the_document_retryable(tmp_path: Pat
     assert not [d for d in iter_quarantine(out / "quarantine") if d.reason == "retryable"]
 
 
+def test_scoring_failures_belong_to_their_document_in_a_batch(tiny_tokenizer, monkeypatch):
+    """The visual-gain ModelHandler scores each document of a Beam batch on its own: a content error fails only
+    its document (a final build/error), an out-of-memory is retried and then leaves only its document retryable,
+    and the other document of the same batch is scored and built."""
+    from formats.scores import VisualGainScore
+    from pipelines.assembly.build import PendingDocument, RetryPolicy
+    from pipelines.jobs.corpus import FinishDocument
+    from pipelines.jobs.scoring import VisualGainScoring
+    from pipelines.jobs.stages import VisualGainSlot
+    from visual_gain.scorer import VisualGainConfig, VisualGainScorer
+
+    def pending(name: str) -> PendingDocument:
+        doc_id = name * 64
+        page = Page(doc_id, 0, 100.0, 100.0, (), parser="t")
+        return PendingDocument(doc_id, f"{name}.pdf", Document(doc_id, f"{name}.pdf", 1), [page], [], {"documents": 1})
+
+    calls = []
+
+    def run_batch(self, pages, model):
+        calls.append(pages[0].doc_id[0])
+        if pages[0].doc_id[0] == "a":
+            raise ValueError("page text tokenises to image-marker ids")
+        if pages[0].doc_id[0] == "b":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return [VisualGainScore(0.0, n_text_tokens=0, n_images=0).on(p) for p in pages]
+
+    monkeypatch.setattr(VisualGainScorer, "run_batch", run_batch)
+    slot = VisualGainSlot(VisualGainConfig(model="unused"))
+    handler = VisualGainScoring(slot, RetryPolicy(attempts=3, backoff_s=0.0))
+    results = list(handler.run_inference([pending("a"), pending("b"), pending("c")], model=None))
+    assert calls == ["a", "b", "b", "b", "c"]  # a content error is not retried; out of memory is, per document
+    outcomes = {r.example.doc_id[0]: r.inference for r in results}
+    assert outcomes["a"].pages is None and not outcomes["a"].infrastructure and "image-marker" in outcomes["a"].error
+    assert outcomes["b"].pages is None and outcomes["b"].infrastructure and outcomes["b"].attempts == 3
+    assert outcomes["c"].pages is not None
+
+    finish = FinishDocument(BuildConfig(tokenizer=tiny_tokenizer, visual_gain=slot), "unused")
+    finish.setup()
+    built = {r.example.doc_id[0]: finish._result(r.example, r.inference) for r in results}
+    assert [(d.stage, d.reason) for d in built["a"].dropped] == [("build", "error")] and not built["a"].retryable
+    assert [(d.stage, d.reason) for d in built["b"].dropped] == [("build", "retryable")] and built["b"].retryable
+    assert "out of memory" in built["b"].dropped[0].detail["error"] and built["b"].dropped[0].detail["attempts"] == 3
+    # c's page has no visuals: the default thresholds drop it (no_visuals), a policy outcome, not a failure
+    assert [(d.stage, d.reason) for d in built["c"].dropped] == [
+        ("visual_gain", "no_visuals"),
+        ("visual_gain", "no_page_kept"),
+    ]
+
+
 def test_a_parse_worker_that_cannot_start_is_an_infrastructure_failure(tiny_tokenizer):
     from formats.records import Dropped
 
