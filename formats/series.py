@@ -105,7 +105,8 @@ class SeriesRecord:
         return FREQ_SEASON.get(self.freq, 1)
 
     def stats(self) -> tuple[list[float], list[float]]:
-        """Per-channel (μ, σ) over finite values (population σ; NaN for a channel with none)."""
+        """Per-channel (μ, σ) over finite values (population σ; NaN for a channel with none). Moments are taken of
+        x / max|x| and scaled back, so values near 1e300 do not overflow the squares."""
         mus, sigmas = [], []
         for ch in self.values:
             fin = [v for v in ch if math.isfinite(v)]
@@ -113,9 +114,10 @@ class SeriesRecord:
                 mus.append(math.nan)
                 sigmas.append(math.nan)
                 continue
-            mu = math.fsum(fin) / len(fin)
-            mus.append(mu)
-            sigmas.append(math.sqrt(math.fsum((v - mu) ** 2 for v in fin) / len(fin)))
+            peak = max(abs(v) for v in fin) or 1.0
+            mu_s = math.fsum(v / peak for v in fin) / len(fin)
+            mus.append(mu_s * peak)
+            sigmas.append(math.sqrt(math.fsum((v / peak - mu_s) ** 2 for v in fin) / len(fin)) * peak)
         return mus, sigmas
 
     def to_row(self) -> dict[str, Any]:

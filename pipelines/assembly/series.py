@@ -26,7 +26,7 @@ from typing import Any
 from formats.records import Dropped
 from formats.series import STAGE, SeriesRecord, read_series_bytes, series_token_count
 from formats.shards import ChunkRow, Segment
-from pipelines.assembly.build import BuildConfig, DocResult
+from pipelines.assembly.build import BuildConfig, DocResult, is_infrastructure_error
 from pipelines.assembly.interleave import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,21 @@ class SeriesBuilder:
         self.tokenizer = tokenizer or Tokenizer(config.tokenizer)
 
     def build(self, data: bytes, source: str) -> DocResult:
+        """Rows of every series in the file, or its dead letter. An unexpected error is a property of the file (a
+        final dead letter, reason ``error``, with the traceback), so one bad file never fails the job; an
+        infrastructure failure (memory, I/O) raises for the job's retry."""
+        try:
+            return self._build(data, source)
+        except Exception as e:
+            if is_infrastructure_error(e):
+                raise
+            import traceback
+
+            doc_id = hashlib.sha256(data).hexdigest()
+            detail = {"source": source, "error": repr(e), "traceback": traceback.format_exc(limit=8)}
+            return DocResult(doc_id, source, [], [Dropped(doc_id, STAGE, "error", detail)], {})
+
+    def _build(self, data: bytes, source: str) -> DocResult:
         doc_id = hashlib.sha256(data).hexdigest()
         records, dropped = read_series_bytes(data, source, parse_timestamps=pandas_timestamps)
         if dropped:  # the reader names the path; the build names the file by its content id, like a PDF

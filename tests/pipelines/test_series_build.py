@@ -107,3 +107,25 @@ def test_series_count_from_footer_matches_rows(builder: SeriesBuilder, tmp_path:
     rows = builder.build(csv.encode(), "/in/five.csv").rows
     write_shard(tmp_path / "s.parquet", rows + rows[:2], row_group_size=2)
     assert ShardFile(tmp_path / "s.parquet").series_count() == 7
+
+
+def test_huge_values_do_not_overflow_the_stats(builder: SeriesBuilder) -> None:
+    """Found by benchmarks/fuzz_series.py: squares of 1e300 overflowed (μ, σ) and crashed the job."""
+    data = "series_id,value\n" + "".join(f"h,{(-1) ** i * 1e300}\n" for i in range(30))
+    (row,) = [ChunkRow.from_row(r) for r in builder.build(data.encode(), "/in/huge.csv").rows]
+    mu, sigma = row.series[0].stats()
+    assert mu == [0.0] and sigma[0] == pytest.approx(1e300)
+
+
+def test_an_unexpected_error_is_the_files_dead_letter(builder: SeriesBuilder, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pipelines.assembly.series as mod
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("a reader bug")
+
+    monkeypatch.setattr(mod, "read_series_bytes", boom)
+    (d,) = builder.build(b"series_id,value\na,1\n", "/in/x.csv").dropped
+    assert (d.stage, d.reason) == ("series", "error") and "ZeroDivisionError" in d.detail["error"]
+    monkeypatch.setattr(mod, "read_series_bytes", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))
+    with pytest.raises(MemoryError):  # infrastructure: the job retries, never a final dead letter
+        builder.build(b"series_id,value\na,1\n", "/in/x.csv")
