@@ -46,8 +46,8 @@ class QuarantineEntry:
 
 @dataclass(frozen=True)
 class Totals:
-    """Every input file is exactly one of: in the shards, quarantined (a final dead letter at document level,
-    duplicates included), or retryable: ``input_files = documents_in_shards + documents_quarantined +
+    """Every input file (a PDF or a series file) is exactly one of: in the shards, quarantined (a final dead letter
+    at document level, duplicates included), or retryable: ``input_files = documents_in_shards + documents_quarantined +
     documents_retryable``."""
 
     input_files: int | None
@@ -69,6 +69,14 @@ class Totals:
     """Page-level dead letters of a content failure (timeout, crash, backend or render error) in built documents."""
     pages_filtered: int = 0
     """Page-level dead letters of policy (visual gain below its threshold): outcomes, not failures."""
+    series_files: int = 0
+    """Of the documents in the shards, the series files (CSV/parquet/.tsf; a "document" is any input file)."""
+    series: int = 0
+    """Series records in the shards (a file may hold several)."""
+    series_points: int = 0
+    """Their values, channels × steps summed."""
+    series_files_quarantined: int = 0
+    """Of the quarantined documents, series files the reader rejected (stage ``series``)."""
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,16 @@
     write_series("out/series/part-00000.parquet", records)
 
 Tables: one row per observation, ``series_id, value`` in time order, optional ``channel`` (a series is multichannel
-when rows carry several channel names) and ``timestamp`` (an integer index, or a string pyarrow parses as a
+when rows carry several channel names), ``context`` (text about the series: its first non-empty cell is kept) and
+``timestamp`` (an integer index, or a string pyarrow parses as a
 timestamp; the caller may pass ``parse_timestamps`` — e.g. pandas' ``to_datetime`` — for anything else). A
 timestamp column that does not parse falls back to row order with a warning in the record's ``meta``; it never
 quarantines the file. A file that cannot be read, has no ``series_id``/``value`` columns, non-numeric values or no
 observations becomes a ``Dropped`` with a reason (stage ``series``), like a bad PDF.
+
+``.tsf`` header comments (``# ...`` lines before ``@data``) become every series' text context. The corpus job
+(``scifolio build``) stores records in the shards (``formats/shards.py``, a ``series`` part) with
+``read_series_bytes``; ``scifolio timeseries`` reads files with ``read_series_file``.
 
 Stdlib + pyarrow only: every stage (and worker image) can import it.
 """
@@ -100,7 +105,8 @@ class SeriesRecord:
         return FREQ_SEASON.get(self.freq, 1)
 
     def stats(self) -> tuple[list[float], list[float]]:
-        """Per-channel (μ, σ) over finite values (population σ; NaN for a channel with none)."""
+        """Per-channel (μ, σ) over finite values (population σ; NaN for a channel with none). Moments are taken of
+        x / max|x| and scaled back, so values near 1e300 do not overflow the squares."""
         mus, sigmas = [], []
         for ch in self.values:
             fin = [v for v in ch if math.isfinite(v)]
@@ -108,9 +114,10 @@ class SeriesRecord:
                 mus.append(math.nan)
                 sigmas.append(math.nan)
                 continue
-            mu = math.fsum(fin) / len(fin)
-            mus.append(mu)
-            sigmas.append(math.sqrt(math.fsum((v - mu) ** 2 for v in fin) / len(fin)))
+            peak = max(abs(v) for v in fin) or 1.0
+            mu_s = math.fsum(v / peak for v in fin) / len(fin)
+            mus.append(mu_s * peak)
+            sigmas.append(math.sqrt(math.fsum((v / peak - mu_s) ** 2 for v in fin) / len(fin)) * peak)
         return mus, sigmas
 
     def to_row(self) -> dict[str, Any]:
@@ -142,6 +149,15 @@ class SeriesRecord:
         )
 
 
+def series_token_count(length: int, budget: int, queries: int) -> int:
+    """Tokens the series encoder makes of a length-T series: Q per patch of L = ⌈Q·T/budget⌉ points, so never more
+    than ``budget`` (SPEC C10; the same arithmetic as ``pretrain.timeseries.encoder.token_count``, which a test
+    checks). The corpus job counts a series segment's ``n_tokens`` with it."""
+    t = max(1, int(length))
+    patch = max(1, -(-queries * t // budget))
+    return queries * max(1, -(-t // patch))
+
+
 def is_series_file(path: str) -> bool:
     return path.lower().endswith(SERIES_SUFFIXES)
 
@@ -151,11 +167,19 @@ def read_series_file(
 ) -> tuple[list[SeriesRecord], list[Dropped]]:
     """Every series in a file, or the reason the file was dropped (never raises for a bad file)."""
     path = str(path)
-    item = path
     try:
         data = fs.read_bytes(path)
     except (OSError, ValueError) as e:
-        return [], [Dropped(item, STAGE, "unreadable", {"error": str(e)[:300]})]
+        return [], [Dropped(path, STAGE, "unreadable", {"error": str(e)[:300]})]
+    return read_series_bytes(data, path, parse_timestamps)
+
+
+def read_series_bytes(
+    data: bytes, path: str, parse_timestamps: Callable[[list[str]], list[float] | None] | None = None
+) -> tuple[list[SeriesRecord], list[Dropped]]:
+    """:func:`read_series_file` on bytes already read (the corpus job reads them once, to hash them too); the
+    format follows ``path``'s suffix. Dead letters name ``path``."""
+    item = path
     file_id = sha256_hex(data)[:16]
     try:
         if path.lower().endswith(".tsf"):
@@ -216,6 +240,7 @@ def table_to_records(
             "ord": order if order is not None else pc.cast(rows, pa.float64()),
             "row": rows,
             "v": values,
+            "ctx": text("context", ""),
         }
     ).sort_by([("sid", "ascending"), ("ch", "ascending"), ("ord", "ascending"), ("row", "ascending")])
     sid_col, ch_col = keyed["sid"].combine_chunks(), keyed["ch"].combine_chunks()
@@ -223,6 +248,8 @@ def table_to_records(
     runs = pc.run_end_encode(key)
     ends = runs.run_ends.to_pylist()
     v_col, ord_col = keyed["v"].combine_chunks(), keyed["ord"].combine_chunks()
+    ctx_col = keyed["ctx"].combine_chunks()
+    contexts: dict[str, str] = {}
     is_time = "timestamp" in names and _is_time(table[names["timestamp"]])
     groups: dict[str, list[tuple[str, tuple[float, ...], pa.Array]]] = {}
     start = 0
@@ -230,6 +257,9 @@ def table_to_records(
         sid, ch = sid_col[start].as_py(), ch_col[start].as_py()
         vals = tuple(math.nan if v is None else v for v in v_col.slice(start, end - start).to_pylist())
         groups.setdefault(sid, []).append((ch, vals, ord_col.slice(start, end - start)))
+        if "context" in names and not contexts.get(sid):  # the series' first non-empty `context` cell
+            found = pc.filter(ctx := ctx_col.slice(start, end - start), pc.not_equal(ctx, ""))
+            contexts[sid] = found[0].as_py() if len(found) else ""
         start = end
     records = []
     for sid, chans in groups.items():
@@ -252,6 +282,7 @@ def table_to_records(
                 channels=tuple(ch for ch, _, _ in chans),
                 source=source,
                 sampling_period_s=period if rec_meta.get("timestamp_unit") == "s" else None,
+                context=contexts.get(sid, ""),
                 meta={**rec_meta, "name": sid},
             )
         )
@@ -296,10 +327,15 @@ def parse_tsf(text: str, source: str = "") -> list[SeriesRecord]:
     attrs: list[str] = []
     freq, horizon = "", None
     records: list[SeriesRecord] = []
+    comments: list[str] = []  # the header's comment lines: the series' text context
     in_data = False
     for n, raw in enumerate(text.splitlines()):
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if not line:
+            continue
+        if line.startswith("#"):
+            if not in_data and line.lstrip("#").strip():
+                comments.append(line.lstrip("#").strip())
             continue
         if not in_data:
             m = _TSF_ATTR.match(line)
@@ -332,6 +368,7 @@ def parse_tsf(text: str, source: str = "") -> list[SeriesRecord]:
                 source=source,
                 freq=freq,
                 sampling_period_s=FREQ_SECONDS.get(freq),
+                context=" ".join(comments)[:2000],
                 meta={k: v for k, v in fields.items() if k != "series_name"}
                 | ({"horizon": horizon} if horizon else {}),
             )

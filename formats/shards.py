@@ -30,19 +30,26 @@ import pyarrow.parquet as pq
 
 from formats import fs
 from formats.manifest import MANIFEST_NAME, SHARDS_DIR, Manifest
+from formats.series import SERIES_SCHEMA, SeriesRecord
 
-SCHEMA_VERSION = "2"  # 2: page provenance carries the page size and its layout boxes
+SCHEMA_VERSION = "3"
+"""2: page provenance carries the page size and its layout boxes. 3: series rows: a ``series`` column of series
+records (``formats/series.py``) and segments of kind ``series`` naming one by ``series_id``. A version-2 file reads
+unchanged (the new column and field come back empty)."""
 
 SEGMENT_TYPE = pa.struct(
     [
-        ("kind", pa.string()),  # "text" | "image"
+        ("kind", pa.string()),  # "text" | "image" | "series"
         ("text", pa.string()),
         ("token_ids", pa.list_(pa.uint32())),
         ("image_sha256", pa.string()),
         ("n_tokens", pa.int64()),
         ("page_index", pa.int32()),
+        ("series_id", pa.string()),  # kind "series": the row's series record it stands for (schema 3)
     ]
 )
+# A series record (values per channel, channels, sampling, (mu, sigma), source, text context) as a struct.
+SERIES_TYPE = pa.struct(list(SERIES_SCHEMA))
 IMAGE_TYPE = pa.struct(
     [
         ("sha256", pa.string()),
@@ -83,6 +90,7 @@ SHARD_SCHEMA = pa.schema(
         ("images", pa.list_(IMAGE_TYPE)),
         ("page_renders", pa.list_(PAGE_RENDER_TYPE)),
         ("pages", pa.list_(PAGE_INFO_TYPE)),
+        ("series", pa.list_(SERIES_TYPE)),
         ("sample_weight", pa.float32()),
         ("meta", pa.string()),
     ],
@@ -92,14 +100,15 @@ SHARD_SCHEMA = pa.schema(
 
 @dataclass(frozen=True)
 class Segment:
-    """A run of text tokens or one atomic image, with the page it came from."""
+    """A run of text tokens, one atomic image or one atomic series, with the page it came from (0 for a series)."""
 
-    kind: str  # "text" | "image"
+    kind: str  # "text" | "image" | "series"
     n_tokens: int
     page_index: int
     text: str = ""
     token_ids: tuple[int, ...] = ()
     image_sha256: str | None = None
+    series_id: str | None = None
 
     def to_row(self) -> dict[str, Any]:
         return {
@@ -109,6 +118,7 @@ class Segment:
             "image_sha256": self.image_sha256,
             "n_tokens": self.n_tokens,
             "page_index": self.page_index,
+            "series_id": self.series_id,
         }
 
     @classmethod
@@ -120,6 +130,7 @@ class Segment:
             text=row.get("text") or "",
             token_ids=tuple(row.get("token_ids") or ()),
             image_sha256=row.get("image_sha256"),
+            series_id=row.get("series_id"),
         )
 
 
@@ -221,6 +232,8 @@ class ChunkRow:
     images: tuple[ShardImage, ...] = ()
     page_renders: tuple[PageRender, ...] = ()
     pages: tuple[PageInfo, ...] = ()
+    series: tuple[SeriesRecord, ...] = ()
+    """The series records the row's ``series`` segments name (a series row from ``scifolio build``)."""
     sample_weight: float = 1.0
     meta: Mapping[str, Any] = field(default_factory=dict)
     n_tokens_stored: int | None = None
@@ -250,6 +263,7 @@ class ChunkRow:
             "images": [i.to_row() for i in self.images],
             "page_renders": [r.to_row() for r in self.page_renders],
             "pages": [p.to_row() for p in self.pages],
+            "series": [r.to_row() for r in self.series],
             "sample_weight": float(self.sample_weight),
             "meta": json.dumps(dict(self.meta), sort_keys=True, default=str),
         }
@@ -265,6 +279,7 @@ class ChunkRow:
             images=tuple(ShardImage.from_row(i) for i in row.get("images") or ()),
             page_renders=tuple(PageRender.from_row(r) for r in row.get("page_renders") or ()),
             pages=tuple(PageInfo.from_row(p) for p in row.get("pages") or ()),
+            series=tuple(SeriesRecord.from_row(r) for r in row.get("series") or ()),
             sample_weight=1.0 if weight is None else float(weight),
             meta=json.loads(row["meta"]) if row.get("meta") else {},
             n_tokens_stored=int(row["n_tokens"]) if row.get("n_tokens") is not None else None,
@@ -415,7 +430,7 @@ def relative_name(path: str, out: str | os.PathLike[str]) -> str:
 
 # Cheap columns read with every part; the parts are the heavy, nested ones a reader asks for by name.
 _KEY_COLUMNS = ("chunk_id", "doc_id", "chunk_index", "n_tokens", "sample_weight")
-PARTS = ("segments", "images", "page_renders", "pages", "meta")
+PARTS = ("segments", "images", "page_renders", "pages", "series", "meta")
 
 
 class ShardFile:
@@ -424,17 +439,20 @@ class ShardFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
 
-    def _columns(self, parts: Sequence[str]) -> list[str]:
+    def _columns(self, parts: Sequence[str], present: Sequence[str] | None = None) -> list[str]:
+        """Columns to decode; ``present``: the file's columns (a part an older schema lacks reads as empty)."""
         unknown = set(parts) - set(PARTS)
         if unknown:
             raise ValueError(f"unknown shard parts {sorted(unknown)}; choose from {PARTS}")
-        return [*_KEY_COLUMNS, *parts]
+        cols = [*_KEY_COLUMNS, *parts]
+        return cols if present is None else [c for c in cols if c in present]
 
     def iter_chunks(self, parts: Sequence[str] = PARTS, batch_size: int = 16) -> Iterator[ChunkRow]:
         """Rows in file order as :class:`ChunkRow`; parts not asked for come back empty."""
         with fs.open_input(self.path) as f:
             pf = pq.ParquetFile(f)
-            for batch in pf.iter_batches(batch_size=batch_size, columns=self._columns(parts)):
+            cols = self._columns(parts, pf.schema_arrow.names)
+            for batch in pf.iter_batches(batch_size=batch_size, columns=cols):
                 for row in batch.to_pylist():
                     yield ChunkRow.from_row(row)
 
@@ -461,10 +479,34 @@ class ShardFile:
             for g in range(pf.num_row_groups):
                 n = pf.metadata.row_group(g).num_rows
                 if row < start + n:
-                    rec = pf.read_row_group(g, columns=self._columns(parts)).slice(row - start, 1).to_pylist()[0]
+                    cols = self._columns(parts, pf.schema_arrow.names)
+                    rec = pf.read_row_group(g, columns=cols).slice(row - start, 1).to_pylist()[0]
                     return ChunkRow.from_row(rec)
                 start += n
         raise IndexError(f"{self.path} has {start} rows, not {row + 1}")
+
+    def series_count(self) -> int:
+        """Series records in the file, from the parquet footer's statistics where it has them (no values decoded),
+        else by reading the records' ids; 0 for a file of an older schema."""
+        with fs.open_input(self.path) as f:
+            pf = pq.ParquetFile(f)
+            if "series" not in pf.schema_arrow.names:
+                return 0
+            meta = pf.metadata
+            leaf = next(
+                (i for i in range(meta.num_columns) if meta.schema.column(i).path == "series.list.element.series_id"),
+                None,
+            )
+            total = 0
+            for g in range(meta.num_row_groups):
+                stats = meta.row_group(g).column(leaf).statistics if leaf is not None else None
+                if stats is None or not stats.has_null_count:
+                    break
+                total += stats.num_values  # non-null ids: one per record (an empty list stores a null)
+            else:
+                return total
+            t = pf.read(columns=["series"])
+        return int(pc.sum(pc.list_value_length(t.column("series"))).as_py() or 0)
 
     @property
     def num_rows(self) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from formats.overrides import with_overrides
+from pretrain.timeseries.config import EncoderConfig, ForecasterConfig
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,16 @@ class DataConfig:
     """Seeds the per-epoch shuffles and weight sampling; identical on every rank."""
     num_workers: int = 0
     """DataLoader worker processes per rank (0 = read in the training process)."""
+    series: str = "auto"
+    """The time-series lane: ``auto`` = on when the shards hold series rows (``scifolio build`` of series files),
+    else never built (no cost); ``off`` = series rows are skipped."""
+    max_series_tokens: int = 32
+    """Context slots a series occupies in a packed row: min(segment n_tokens, this); must be ≤ seq_len."""
+    series_context: int = 256
+    """Most points before the held-out tail the series encoder sees (the latest ones)."""
+    series_horizon: int = 12
+    """Points held out at the end of every series: the forecasting target (fewer for a series of < 2·this points:
+    its last half)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,19 @@ class ObjectiveConfig:
     """InfoNCE temperature τ in s_tj = cos(û, u) / τ."""
     gather: bool = True
     """Use every rank's targets as negatives (all-gather); off = per-rank InfoNCE."""
+    lambda_ts: float = 1.0
+    """Weight of the time-series forecasting loss L_TS (point L1 + pinball on the held-out tails) when the lane is on."""
+
+
+@dataclass(frozen=True)
+class SeriesLaneConfig:
+    """The time-series encoder + forecaster trained beside the text model (SPEC C10); ``llm_dim`` is set to the
+    backbone's hidden size when the model is built."""
+
+    encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(budget=32))
+    """Series encoder (its tokens are projected into the LLM's embedding space)."""
+    forecaster: ForecasterConfig = field(default_factory=ForecasterConfig)
+    """Forecaster: Q-Former over the LLM's hidden states at the series' positions + Q-Former over the series tokens."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +137,8 @@ class TrainConfig:
     """Loss weights."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and schedule."""
+    series: SeriesLaneConfig = field(default_factory=SeriesLaneConfig)
+    """The time-series lane's shape (built only when ``data.series`` finds series rows)."""
     out_dir: str = "out/pretrain"
     """Checkpoints (``ckpt/``), metrics (``metrics.jsonl``) and TensorBoard events (``tb/``)."""
     max_steps: int = 50

@@ -15,6 +15,11 @@ Packing: a sample's segments flatten to token ids with image slots; rows of ``se
 sample (``seq_ids`` numbers the pieces so attention never crosses them); an image is atomic, so one that does not
 fit in the rest of a row moves to the next row. Page renders feed the next-patch objective as their own stream.
 
+Series rows (``scifolio build`` of series files) pack like images: a ``series`` segment takes
+min(n_tokens, ``max_series_tokens``) slots, atomic, filled by the series encoder's tokens; the batch carries each
+series' context (its last ``series_context`` points before the held-out tail) and the tail (``series_horizon``
+points, the forecasting target). With ``data.series="auto"`` and no series in the shards nothing of this is read.
+
 Memory: a pointer holds one shard's columns it needs at a time, never the corpus.
 """
 
@@ -24,7 +29,7 @@ import hashlib
 import io
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,6 +42,7 @@ from pretrain.model import foreground_mask
 from pretrain.objective import IGNORE
 
 TEXT_PARTS = ("segments", "images")
+SERIES_PARTS = ("series",)
 PAGE_PARTS = ("page_renders",)
 
 
@@ -49,6 +55,8 @@ class ShardIndex:
 
     files: tuple[str, ...]
     weights: tuple[np.ndarray, ...]  # float64 per row, per file
+    series: int = 0
+    """Series records in the shards (from the parquet footers): the time-series lane is on when > 0."""
 
     @classmethod
     def open(cls, shards: str, weights_path: str | None = None, record: str | None = None) -> ShardIndex:
@@ -71,7 +79,7 @@ class ShardIndex:
             ids = [c for file_ids, _ in per_file for c in file_ids]
             own = [o for _, file_own in per_file for o in file_own]
             DrawWeights(ids, own, [listed.chunks.get(c, 1.0) if listed else 1.0 for c in ids]).write(record)
-        return cls(tuple(files), tuple(weights))
+        return cls(tuple(files), tuple(weights), sum(ShardFile(path).series_count() for path in files))
 
     def plan(self, seed: int, epoch: int) -> np.ndarray:
         """The epoch's global stream as ``[n, 2]`` (file index, row index)."""
@@ -138,16 +146,46 @@ class _Pointer:
 @dataclass
 class _Sample:
     chunk_id: str
-    tokens: np.ndarray  # int64, -1 marks an image slot
+    tokens: np.ndarray  # int64, -1 marks an image or series slot
     images: list[tuple[int, int, bytes, str]]  # (start, length, png, sha256)
+    series: list[tuple[int, int, np.ndarray, np.ndarray]] = field(default_factory=list)
+    """(start, length, context [C, ≤ series_context], held-out tail [C, series_horizon] NaN-padded)"""
+
+    def atomic(self) -> list[tuple[int, int]]:
+        """(start, length) of every span a row boundary may not cut: images and series."""
+        return [(a, n) for a, n, *_ in self.images] + [(a, n) for a, n, *_ in self.series]
 
 
-def flatten(row: ChunkRow, max_image_tokens: int) -> _Sample:
-    """Segments → one token array with image slots (``-1``); an image takes min(n_tokens, max_image_tokens) slots."""
+def split_series(values: np.ndarray, context: int, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[C, T]`` → (context ``[C, ≤ context]``: the points before the tail; tail ``[C, horizon]``: the last
+    min(horizon, T // 2) points, NaN-padded). A series of one point has no tail (all NaN: no forecasting target)."""
+    t = values.shape[1]
+    h = min(horizon, t // 2)
+    tail = np.full((values.shape[0], horizon), np.nan)
+    tail[:, :h] = values[:, t - h :]
+    return values[:, max(0, t - h - context) : t - h], tail
+
+
+def flatten(row: ChunkRow, max_image_tokens: int, cfg: DataConfig | None = None, series: bool = False) -> _Sample:
+    """Segments → one token array with image and series slots (``-1``); an image takes min(n_tokens,
+    max_image_tokens) slots, a series (when ``series``; else it is skipped) min(n_tokens, cfg.max_series_tokens)."""
     pngs = {im.sha256: im.png for im in row.images}
-    pieces, images, at = [], [], 0
+    records = {r.series_id: r for r in row.series}
+    pieces, images, spans, at = [], [], [], 0
     for seg in row.segments:
-        if seg.kind == "image":
+        if seg.kind == "series":
+            if not series or cfg is None:
+                continue
+            rec = records.get(seg.series_id or "")
+            if rec is None:
+                raise ValueError(f"{row.chunk_id}: series segment {seg.series_id} has no record in the row's series")
+            n = max(1, min(seg.n_tokens, cfg.max_series_tokens))
+            values = np.asarray(rec.values, dtype=np.float64).reshape(len(rec.values), -1)
+            ctx, tail = split_series(values, cfg.series_context, cfg.series_horizon)
+            spans.append((at, n, ctx, tail))
+            pieces.append(np.full(n, -1, dtype=np.int64))
+            at += n
+        elif seg.kind == "image":
             sha = seg.image_sha256
             if sha not in pngs:
                 raise ValueError(f"{row.chunk_id}: image segment {sha} has no bytes in the row's images")
@@ -160,7 +198,7 @@ def flatten(row: ChunkRow, max_image_tokens: int) -> _Sample:
             pieces.append(ids)
             at += len(ids)
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-    return _Sample(row.chunk_id, tokens, images)
+    return _Sample(row.chunk_id, tokens, images, spans)
 
 
 def load_pixels(png: bytes, size: tuple[int, int]) -> torch.Tensor:
@@ -181,9 +219,13 @@ class Packer:
     ) -> None:
         if cfg.max_image_tokens > cfg.seq_len:
             raise ValueError("max_image_tokens must be ≤ seq_len (an image is never split across rows)")
+        self.series = series_lane(cfg, index)
+        if self.series and cfg.max_series_tokens > cfg.seq_len:
+            raise ValueError("max_series_tokens must be ≤ seq_len (a series is never split across rows)")
         self.cfg, self.reader = cfg, reader
         cursor = cursor or {}
-        self.text = _Pointer(index, cfg.seed, reader, n_readers, TEXT_PARTS, tuple(cursor.get("text", (0, 0, 0))))
+        parts = TEXT_PARTS + (SERIES_PARTS if self.series else ())
+        self.text = _Pointer(index, cfg.seed, reader, n_readers, parts, tuple(cursor.get("text", (0, 0, 0))))
         self.pages = _Pointer(index, cfg.seed, reader, n_readers, PAGE_PARTS, tuple(cursor.get("pages", (0, 0, 0))))
         self._sample: tuple[tuple[int, int], _Sample] | None = None
 
@@ -201,13 +243,14 @@ class Packer:
         positions = np.zeros((b, t), dtype=np.int64)
         seq_ids = np.zeros((b, t), dtype=np.int64)
         slots, crops, crop_keys, spans, finished = [], [], [], [], 0
+        series_slots, series_ctx, series_tail = [], [], []
         for row in range(b):
             fill, piece = 0, 0
             while fill < t:
                 sample = self._current_sample()
                 o = self.text.offset
                 take = min(t - fill, len(sample.tokens) - o)
-                for start, n, _png, _sha in sample.images:  # never cut an image: stop before it
+                for start, n in sample.atomic():  # never cut an image or a series: stop before it
                     if start < o + take < start + n:
                         take = start - o
                 if take <= 0 and len(sample.tokens) > o:
@@ -225,6 +268,11 @@ class Packer:
                         slots.append((row, fill + start - o, n))
                         crops.append(load_pixels(png, (self.cfg.crop_size, self.cfg.crop_size)))
                         crop_keys.append(sha)
+                for start, n, ctx, tail in sample.series:
+                    if o <= start < o + take:
+                        series_slots.append((row, fill + start - o, n))
+                        series_ctx.append(ctx)
+                        series_tail.append(tail)
                 spans.append((sample.chunk_id, self.text.epoch, o, o + take))
                 fill += take
                 self.text.offset = o + take
@@ -244,6 +292,7 @@ class Packer:
             "page_pixels": page_pixels,
             "page_mask": page_mask,
             "page_keys": page_keys,
+            **self._series_batch(series_slots, series_ctx, series_tail),
             "spans": spans,
             "samples_finished": finished,
             "cursor": self.cursor(),
@@ -255,10 +304,29 @@ class Packer:
             row = self.text.current()
             key = (self.text.epoch, self.text.pos)
             if self._sample is None or self._sample[0] != key:
-                self._sample = (key, flatten(row, self.cfg.max_image_tokens))
+                self._sample = (key, flatten(row, self.cfg.max_image_tokens, self.cfg, self.series))
             if len(self._sample[1].tokens) > self.text.offset:
                 return self._sample[1]
             self.text.advance()  # an empty sample: nothing to pack
+
+    def _series_batch(self, slots: list, ctx: list[np.ndarray], tail: list[np.ndarray]) -> dict[str, Any]:
+        """Series slots ``[K, 3]`` (row, start, length), contexts ``[K, C, T]`` (NaN-padded at the start: aligned at
+        their end, as the encoder wants) and tails ``[K, C, H]`` (NaN where missing). Empty when the lane is off."""
+        if not self.series:
+            return {}
+        k, h = len(slots), self.cfg.series_horizon
+        c = max((a.shape[0] for a in ctx), default=1)
+        t = max((a.shape[1] for a in ctx), default=1) or 1
+        x, y = np.full((k, c, t), np.nan), np.full((k, c, h), np.nan)
+        for i, (a, b) in enumerate(zip(ctx, tail)):
+            if a.shape[1]:
+                x[i, : a.shape[0], t - a.shape[1] :] = a
+            y[i, : b.shape[0]] = b
+        return {
+            "series_slots": torch.tensor(slots, dtype=torch.long).reshape(-1, 3),
+            "series_context": torch.from_numpy(x),
+            "series_target": torch.from_numpy(y),
+        }
 
     def _pages(self) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
         """Up to ``pages_per_batch`` renders with ≥ 2 foreground patches (fewer predict nothing; skipped)."""
@@ -343,6 +411,8 @@ class ShardLoader:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.n_readers = world_size * max(1, cfg.num_workers)
         self.index = index or ShardIndex.open(cfg.shards, cfg.weights, record_weights)
+        self.series = series_lane(cfg, self.index)
+        """Whether batches carry series (the model then needs its time-series lane)."""
         self.cursors: dict[int, dict[str, Any]] = {}
         self.batches = 0
         self._it: Iterator[dict[str, Any]] | None = None
@@ -437,8 +507,18 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
         "page_mask",
         "image_keys",
         "page_keys",
+        "series_slots",
+        "series_context",
+        "series_target",
     )
-    return {k: batch[k] for k in keys}
+    return {k: batch[k] for k in keys if k in batch}
+
+
+def series_lane(cfg: DataConfig, index: ShardIndex) -> bool:
+    """Whether the time-series lane runs: ``data.series`` is ``auto`` and the shards hold series records."""
+    if cfg.series not in ("auto", "off"):
+        raise ValueError(f"data.series must be auto or off, not {cfg.series!r}")
+    return cfg.series == "auto" and index.series > 0
 
 
 def n_text_tokens(batch: dict[str, Any]) -> int:

@@ -1,4 +1,6 @@
-"""The visual pre-training model (SPEC §B, Eq 5–6), top-down: frozen E_v → mask → raster → W_in → Φ → ψ.
+"""The visual pre-training model (SPEC §B, Eq 5–6), top-down: frozen E_v → mask → raster → W_in → Φ → ψ; plus,
+when the shards hold series, the time-series lane (SPEC C10): series encoder → tokens in Φ's embedding space at the
+series' slots, and a forecaster conditioned on Φ's hidden states there, scored on each series' held-out tail.
 
     model = VisualPretrainModel.load(ModelConfig(backbone="tiny/pretrain-lm", encoder="tiny/pretrain-vision"))
     out = model(**batch_tensors)      # {"loss", "l_text", "l_vp", "vp_acc", ...}
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from formats import fs
-from pretrain.config import ModelConfig, ObjectiveConfig
+from pretrain.config import ModelConfig, ObjectiveConfig, SeriesLaneConfig
 from pretrain.objective import info_nce, text_loss, total_loss
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -76,6 +78,7 @@ class VisualPretrainModel(nn.Module):
         pixel_mean: tuple[float, ...] = CLIP_MEAN,
         pixel_std: tuple[float, ...] = CLIP_STD,
         lockstep: bool = False,
+        series: SeriesLaneConfig | None = None,
     ) -> None:
         super().__init__()
         self.cfg, self.objective = cfg, objective
@@ -92,6 +95,7 @@ class VisualPretrainModel(nn.Module):
         self.register_buffer("pixel_std", torch.tensor(pixel_std).view(1, 3, 1, 1), persistent=False)
         self.vocab_size = backbone.get_input_embeddings().num_embeddings
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self.series = SeriesLane(series, d_model) if series is not None else None
 
     @classmethod
     def load(
@@ -101,8 +105,10 @@ class VisualPretrainModel(nn.Module):
         patch: int | None = None,
         seed: int = 0,
         lockstep: bool = False,
+        series: SeriesLaneConfig | None = None,
     ) -> VisualPretrainModel:
-        """Load Φ and E_v with ``from_pretrained`` (names or paths); W_in and ψ are fresh, seeded by ``seed``.
+        """Load Φ and E_v with ``from_pretrained`` (names or paths); W_in, ψ and the time-series lane (``series``:
+        None = not built) are fresh, seeded by ``seed``.
 
         ``lockstep``: the same module calls on every rank every micro-batch (ZeRO-3; see the module docstring)."""
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
@@ -123,7 +129,7 @@ class VisualPretrainModel(nn.Module):
             raise ValueError(f"data.patch={patch} but encoder {cfg.encoder} uses patch_size={enc_patch}")
         mean, std = _pixel_stats(cfg.encoder)
         torch.manual_seed(seed)
-        return cls(backbone, encoder, cfg, objective or ObjectiveConfig(), mean, std, lockstep=lockstep)
+        return cls(backbone, encoder, cfg, objective or ObjectiveConfig(), mean, std, lockstep=lockstep, series=series)
 
     def train(self, mode: bool = True) -> VisualPretrainModel:
         super().train(mode)
@@ -201,15 +207,34 @@ class VisualPretrainModel(nn.Module):
         page_mask: torch.Tensor,
         image_keys: list[str] | None = None,
         page_keys: list[str] | None = None,
+        series_slots: torch.Tensor | None = None,
+        series_context: torch.Tensor | None = None,
+        series_target: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Eq 9 on one micro-batch: text rows with images at their slots, then page rows for next-patch."""
-        l_text = self.text_forward(input_ids, labels, position_ids, seq_ids, image_pixels, image_slots, image_keys)
+        """Eq 9 on one micro-batch: text rows with images (and series) at their slots, then page rows for
+        next-patch; with the time-series lane, L = λ_text·L_text + λ_vis·L_VP + λ_ts·L_TS."""
+        series = (series_slots, series_context, series_target) if self.series is not None else None
+        l_text, ts = self._text_and_series(
+            input_ids, labels, position_ids, seq_ids, image_pixels, image_slots, image_keys, series
+        )
         l_vp, acc, m = self.visual_forward(page_pixels, page_mask, page_keys)
         loss = total_loss(l_text, l_vp, self.objective.lambda_text, self.objective.lambda_vis)
-        return {"loss": loss, "l_text": l_text.detach(), "l_vp": l_vp.detach(), "vp_acc": acc, "vp_positions": m}
+        out = {"loss": loss, "l_text": l_text.detach(), "l_vp": l_vp.detach(), "vp_acc": acc, "vp_positions": m}
+        if ts is not None:
+            out["loss"] = loss + self.objective.lambda_ts * ts["loss"]
+            out["ts_loss"], out["ts_values"] = ts["loss"].detach(), ts["n"]
+        return out
 
     def text_forward(self, input_ids, labels, position_ids, seq_ids, image_pixels, image_slots, image_keys=None):
         """L_text over packed rows; image slots take W_in(E_v(crop)) resampled to the slot count."""
+        return self._text_and_series(input_ids, labels, position_ids, seq_ids, image_pixels, image_slots, image_keys)[0]
+
+    def _text_and_series(
+        self, input_ids, labels, position_ids, seq_ids, image_pixels, image_slots, image_keys=None, series=None
+    ):
+        """(L_text, the forecasting loss dict or None). ``series``: (slots ``[K, 3]``, contexts ``[K, C, T]``,
+        tails ``[K, C, H]``) — each series' encoder tokens fill its slots (resampled to the slot count like an
+        image's features), and the forecaster reads Φ's hidden states at those slots."""
         if int(input_ids.max()) >= self.vocab_size:
             raise ValueError(
                 f"token id {int(input_ids.max())} ≥ backbone vocab {self.vocab_size}: "
@@ -224,9 +249,22 @@ class VisualPretrainModel(nn.Module):
                 # The corpus budgets n_tokens per image; E_v gives N patches: resample the sequence to the budget.
                 f = F.adaptive_avg_pool1d(feats[k].T.unsqueeze(0), length)[0].T
                 embeds[row, start : start + length] = self.w_in(f.to(embeds.dtype))
+        enc = None
+        if series is not None and series[0].shape[0]:
+            slots, context, _ = series
+            enc = self.series.encoder(context.to(embeds.device))
+            for k, (row, start, length) in enumerate(slots.tolist()):
+                f = F.adaptive_avg_pool1d(enc.tokens[k].T.unsqueeze(0), length)[0].T
+                embeds[row, start : start + length] = f.to(embeds.dtype)
         hidden = self._backbone_hidden(embeds, block_causal_mask(seq_ids), position_ids)
         logits = self.backbone.get_output_embeddings()(hidden)
-        return text_loss(logits, labels)
+        l_text = text_loss(logits, labels)
+        if series is None:
+            return l_text, None
+        if enc is None:  # the lane is on but this batch holds no series: a zero that keeps its parameters in the graph
+            zero = sum(p.sum() for p in self.series.parameters()) * 0.0
+            return l_text, {"loss": zero, "n": torch.zeros(())}
+        return l_text, self.series.loss(enc, hidden, series[0], series[2].to(hidden.device))
 
     def _place_images_lockstep(
         self, embeds: torch.Tensor, image_pixels: torch.Tensor, image_slots: torch.Tensor
@@ -290,6 +328,36 @@ class VisualPretrainModel(nn.Module):
         decoder = self.backbone.get_decoder()
         out = decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids, use_cache=False)
         return out.last_hidden_state
+
+
+class SeriesLane(nn.Module):
+    """The time-series encoder (tokens projected into Φ's embedding space, width ``d_model``) and the forecaster
+    (``pretrain/timeseries``) as one trainable part of the pre-training model."""
+
+    def __init__(self, cfg: SeriesLaneConfig, d_model: int) -> None:
+        import dataclasses
+
+        from pretrain.timeseries.config import TimeseriesConfig
+        from pretrain.timeseries.encoder import SeriesEncoder
+        from pretrain.timeseries.forecaster import Forecaster
+
+        super().__init__()
+        ts = TimeseriesConfig(encoder=dataclasses.replace(cfg.encoder, llm_dim=d_model), forecaster=cfg.forecaster)
+        self.encoder = SeriesEncoder(ts.encoder)
+        self.forecaster = Forecaster(ts)
+
+    def loss(self, enc, hidden: torch.Tensor, slots: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Forecasting loss on the held-out tails; the text Q-Former reads Φ's hidden states at each series' slots
+        (causal: they have seen the series' context text and its tokens, never the tail)."""
+        from pretrain.timeseries.forecaster import forecast_loss
+
+        longest = int(slots[:, 2].max())
+        states = hidden.new_zeros(slots.shape[0], longest, hidden.shape[-1])
+        mask = torch.zeros(slots.shape[0], longest, dtype=torch.bool, device=hidden.device)
+        for k, (row, start, length) in enumerate(slots.tolist()):
+            states[k, :length] = hidden[row, start : start + length]
+            mask[k, :length] = True
+        return forecast_loss(self.forecaster, enc, target, states.float(), mask)
 
 
 def block_causal_mask(seq_ids: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The pre-training loop: DeepSpeed engine over packed shard batches, L = λ_text·L_text + λ_vis·L_VP.
+"""The pre-training loop: DeepSpeed engine over packed shard batches, L = λ_text·L_text + λ_vis·L_VP (+ λ_ts·L_TS,
+the time-series lane's forecasting loss, when the shards hold series: ``ts_loss`` in metrics.jsonl).
 
     scifolio pretrain --config debug --shards out --models tiny --max-steps 50      # via the deepspeed launcher
     DS_ACCELERATOR=cpu deepspeed --num_gpus 2 --no_local_rank --module pretrain.train --config debug --shards DIR
@@ -39,9 +40,15 @@ def train(cfg: TrainConfig, resume: bool = False, on_end: Callable[[Any], None] 
     import torch.distributed as dist
 
     rank, world = init_distributed()
-    # ZeRO-3 gathers parameters per module call: every rank must call the same modules, whatever its batch holds.
+    # rank 0 records each chunk's draw weight (own × listed) beside the metrics: what this run sampled by
+    record = str(Path(cfg.out_dir) / "draw_weights.parquet") if rank == 0 else None
+    loader = ShardLoader(cfg.data, rank, world, record_weights=record)
+    series = cfg.series if loader.series else None  # the time-series lane exists only when there are series
+    # ZeRO-3 gathers parameters per module call, and ZeRO-1/2 reduce gradients in buckets filled in the order the
+    # backward produces them: on several ranks every rank must call the same modules, whatever its batch holds.
+    lockstep = cfg.zero_stage == 3 or (world > 1 and cfg.zero_stage in (1, 2))
     model = VisualPretrainModel.load(
-        cfg.model, cfg.objective, patch=cfg.data.patch, seed=cfg.seed, lockstep=cfg.zero_stage == 3
+        cfg.model, cfg.objective, patch=cfg.data.patch, seed=cfg.seed, lockstep=lockstep, series=series
     )
     params = model.trainable_parameters()  # E_v is frozen: never handed to the optimizer
     optimizer = make_optimizer(params, cfg.optim)
@@ -58,9 +65,6 @@ def train(cfg: TrainConfig, resume: bool = False, on_end: Callable[[Any], None] 
         lr_scheduler=schedule,
         config=deepspeed_config(cfg, world, load_universal=bool(tag)),
     )
-    # rank 0 records each chunk's draw weight (own × listed) beside the metrics: what this run sampled by
-    record = str(Path(cfg.out_dir) / "draw_weights.parquet") if rank == 0 else None
-    loader = ShardLoader(cfg.data, rank, world, record_weights=record)
     step = 0
     if resume:
         _, client = engine.load_checkpoint(str(ckpt_dir), tag=tag, load_module_strict=False)
@@ -71,6 +75,7 @@ def train(cfg: TrainConfig, resume: bool = False, on_end: Callable[[Any], None] 
 
     while step < cfg.max_steps:
         started, sums, tokens, samples, spans = time.perf_counter(), torch.zeros(4), 0, 0, []
+        ts = torch.zeros(3, dtype=torch.float64)  # Σ ts_loss·values, Σ values, series seen
         for _ in range(cfg.grad_accum):
             batch = next(loader)
             out = engine(**model_inputs(batch))
@@ -83,11 +88,16 @@ def train(cfg: TrainConfig, resume: bool = False, on_end: Callable[[Any], None] 
                 / cfg.grad_accum
             )
             tokens, samples = tokens + n_text_tokens(batch), samples + batch["samples_finished"]
+            if "ts_loss" in out:  # weighted by the target values each micro-batch scored
+                n = float(out["ts_values"])
+                ts += torch.tensor([float(out["ts_loss"]) * n, n, len(batch["series_slots"])], dtype=torch.float64)
             spans += batch["spans"]
         step += 1
         counts = torch.tensor([tokens, samples], dtype=torch.float64)
         dist.all_reduce(sums)
         dist.all_reduce(counts)
+        if series is not None:
+            dist.all_reduce(ts)
         elapsed = time.perf_counter() - started
         record = {
             "step": step,
@@ -100,6 +110,9 @@ def train(cfg: TrainConfig, resume: bool = False, on_end: Callable[[Any], None] 
             "tokens_per_s": counts[0].item() / elapsed,
             "samples_per_s": counts[1].item() / elapsed,
         }
+        if series is not None:  # null on a step whose batches held no series target
+            record["ts_loss"] = ts[0].item() / ts[1].item() if ts[1] > 0 else None
+            record["ts_series"] = int(ts[2].item())
         if cfg.log_spans:
             record["spans"], record["cursor"] = spans, loader.state_dict()
         if step % cfg.log_every == 0 or step == cfg.max_steps:

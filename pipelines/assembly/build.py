@@ -72,6 +72,11 @@ class BuildConfig:
     decontaminate: str | None = None
     """A jsonl of benchmark texts (``{"name": ..., "text": ...}`` per line, local path or URL): a document sharing a
     word 13-gram with one is dropped (``decontam``/``benchmark_overlap``, every hit in the detail). None: off."""
+    series_budget: int = 1024
+    """Series files: the encoder's token budget a series segment is counted at (SPEC C10: 1,024); a series of T
+    points counts ``formats.series.series_token_count(T, series_budget, series_queries)`` tokens."""
+    series_queries: int = 4
+    """Q, the encoder's queries per patch, in that count."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.overlap < self.max_tokens:

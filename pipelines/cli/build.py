@@ -59,6 +59,11 @@ def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
         f"documents in shards: {t.documents_in_shards}  quarantined: {t.documents_quarantined}  "
         f"({manifest.elapsed_s} s)"
     )
+    if t.series_files or t.series_files_quarantined:
+        print(
+            f"series files in shards: {t.series_files}  series: {t.series}  points: {t.series_points}  "
+            f"series files quarantined: {t.series_files_quarantined}"
+        )
     if args.verbose:
         print("metrics:")
         for key, value in manifest.metrics.items():
@@ -146,8 +151,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = functools.partial(default, BuildConfig)
     b = sub.add_parser(
         "build",
-        help="the corpus job: PDFs → parsed pages → crops → interleaved chunks → shards (Apache Beam)",
-        description="Run the corpus job. INPUT: files, directories (every PDF below), globs, or Beam filesystem "
+        help="the corpus job: PDFs → parsed pages → crops → interleaved chunks → shards, series files → series rows "
+        "(Apache Beam)",
+        description="Run the corpus job. INPUT: files, directories (every PDF and every series file — CSV or parquet "
+        "with series_id,value[,timestamp][,channel][,context] rows, Monash .tsf — below), globs, or Beam filesystem "
         "URLs (gs://, s3://). Unknown flags are Beam pipeline options (default runner: DirectRunner, "
         "multi-process). Reruns over the same inputs and config skip finished documents.",
         epilog="example: scifolio build ../shared/samples --out out --tokenizer tiny/tokenizer",

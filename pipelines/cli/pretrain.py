@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser(
         "pretrain",
-        help="DeepSpeed pre-training: text loss + contrastive next-patch loss on page renders",
+        help="DeepSpeed pre-training: text loss + contrastive next-patch loss on page renders (+ the time-series "
+        "lane's forecasting loss when the shards hold series)",
         description="Launch pretrain.train on N local ranks (or a hostfile's nodes) with the deepspeed launcher.",
     )
     build_parser(p, shards_required=False)  # `pretrain export RUN` needs no shards; a training run checks below

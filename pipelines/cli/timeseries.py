@@ -60,21 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.set_defaults(func=run_eval)
 
 
-def pandas_timestamps(strings: list[str]) -> list[float] | None:
-    """Anything pandas parses as a date → epoch seconds; None when a value does not parse."""
-    import pandas as pd
-
-    try:
-        ts = pd.to_datetime(pd.Series(strings), errors="raise", format="mixed")
-    except (ValueError, TypeError, OverflowError):
-        return None
-    return (ts.astype("int64") / 1e9).tolist()
-
-
 def read_files(paths: list[str], quarantine_dir: str | None):
     """Every series in the given files/directories; bad files go to ``quarantine_dir/series.jsonl``."""
     from formats.quarantine import write_quarantine
     from formats.series import is_series_file, read_series_file
+    from pipelines.assembly.series import pandas_timestamps
 
     files: list[str] = []
     for p in paths:

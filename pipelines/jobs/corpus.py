@@ -1,14 +1,17 @@
-"""The corpus job on Apache Beam: PDFs → parsed pages → crops → [visual gain] → interleaved chunks → shards.
+"""The corpus job on Apache Beam: PDFs → parsed pages → crops → [visual gain] → interleaved chunks → shards, and
+series files (CSV/parquet/.tsf) → series rows in the same shards.
 
     scifolio build ../shared/samples --out out/ --tokenizer tiny/tokenizer
     scifolio build 'gs://bucket/pdfs/**.pdf' --out gs://... --runner DataflowRunner --project P ...
 
 Graph:
     patterns → MatchAll → ReadAndHash (doc_id) → GroupByKey(doc_id) → dedupe (duplicates → dead letters)
-      → Reshuffle → ProcessDocument [parse → interleave → chunk; cached per doc]
-          ├─ "pending" (visual gain on): parsed documents → RunInference(VisualGainScoring: the VLM loaded once
-          │     per worker, documents batched up to the configured pages) → FinishDocument [thresholds →
-          │     interleave → chunk; cached per doc] → main / "dropped" as below
+      ├─ PDFs → [near-dup] → Reshuffle → ProcessDocument [parse → interleave → chunk; cached per doc]
+      │     └─ "pending" (visual gain on): parsed documents → RunInference(VisualGainScoring: the VLM loaded once
+      │           per worker, documents batched up to the configured pages) → FinishDocument [thresholds →
+      │           interleave → chunk; cached per doc]
+      └─ series files → Reshuffle → ProcessSeries [read → one row per series; cached per file]
+      → (all) finished documents
           ├─ main: finished documents → shard = hash(doc_id) mod N → GroupByKey → WriteShard (sorted)
           └─ "dropped": dead letters → GroupByKey(stage) → quarantine/<stage>.jsonl (sorted)
     Shard and quarantine writers each emit a BuildSummary of what they wrote (entry, doc ids, reasons, page
@@ -44,6 +47,7 @@ from formats import fs
 from formats.manifest import QUARANTINE_DIR, SHARDS_DIR, Manifest, QuarantineEntry, ShardEntry, Totals
 from formats.quarantine import quarantine_files, write_quarantine
 from formats.records import Dropped
+from formats.series import is_series_file
 from formats.shards import SCHEMA_VERSION, table_chunks
 from pipelines.assembly.build import (
     BuildConfig,
@@ -91,7 +95,8 @@ class JobPaths:
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
-    """Files, directories, globs or filesystem URLs → match patterns (directories mean every PDF below)."""
+    """Files, directories, globs or filesystem URLs → match patterns (directories mean every PDF and every series
+    file, ``.csv``/``.parquet``/``.tsf``, below)."""
     patterns = []
     for item in inputs:
         if "://" not in item and os.path.isdir(item):
@@ -105,6 +110,11 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
 
 def _is_dir_pattern(pattern: str) -> bool:
     return pattern.endswith("/**")
+
+
+def corpus_file(path: str) -> bool:
+    """What a directory input contributes: PDFs and series files."""
+    return path.endswith(PDF_SUFFIXES) or is_series_file(path)
 
 
 class ReadAndHash(beam.DoFn):
@@ -331,6 +341,40 @@ class _Parsed:
             raise self.error
 
 
+class ProcessSeries(beam.DoFn):
+    """One series file → its series rows (``pipelines/assembly/series.py``), cached per file id under the work dir
+    like a document; a bad file's dead letter goes to ``quarantine/series.jsonl``."""
+
+    def __init__(self, config: BuildConfig, work_root: str) -> None:
+        self.config = config
+        self.work_root = work_root
+
+    def setup(self) -> None:
+        from pipelines.assembly.series import SeriesBuilder
+
+        self.store = WorkStore(self.work_root)
+        self.builder = SeriesBuilder(self.config)
+
+    def process(self, element: tuple[str, str]) -> Iterable[Any]:
+        doc_id, source = element
+        summary = self.store.done(doc_id)
+        if summary is not None:
+            Metrics.counter(NAMESPACE, "series_files_resumed").inc()
+            dropped = self.store.dropped(doc_id)
+        else:
+            with FileSystems.open(source) as f:
+                data = f.read()
+            summary = self.store.save(self.builder.build(data, source))
+            dropped = self.store.dropped(doc_id)
+        for key, value in summary["stats"].items():
+            Metrics.counter(NAMESPACE, key).inc(int(value))
+        for d in dropped:
+            Metrics.counter(NAMESPACE, f"dropped.{d.stage}.{d.reason}").inc()
+            yield beam.pvalue.TaggedOutput("dropped", d.to_row())
+        if summary["n_chunks"]:
+            yield doc_id
+
+
 class WriteShard(beam.DoFn):
     def __init__(self, work_root: str, out_dir: str):
         self.work_root = work_root
@@ -389,9 +433,14 @@ def build_pipeline(
     work_root = str(paths.work(config_hash))
     patterns = expand_inputs(inputs)
 
+    out_root = out.rstrip("/") + "/" if "://" in out else os.path.abspath(out) + os.sep
+
     def keep(meta: Any) -> bool:
-        # Directory expansion takes PDFs only; explicitly named files and globs are validated whatever they are.
-        return not meta.path.endswith("/") and (meta.path.endswith(PDF_SUFFIXES) or not dir_only(meta.path))
+        # Directory expansion takes PDFs and series files; explicitly named files and globs are validated whatever
+        # they are. Nothing under --out is an input (its shards are parquet files).
+        if meta.path.endswith("/") or meta.path.startswith(out_root):
+            return False
+        return corpus_file(meta.path) or not dir_only(meta.path)
 
     dir_roots = tuple(pt[:-2] for pt in patterns if _is_dir_pattern(pt))
 
@@ -410,15 +459,22 @@ def build_pipeline(
         | "ByDocId" >> beam.GroupByKey()
         | "Dedupe" >> beam.FlatMap(dedupe).with_outputs("dropped", main="docs")
     )
-    to_build, near_dropped = unique.docs, None
+    split = unique.docs | "SeriesOrPdf" >> beam.Partition(lambda kv, n: int(is_series_file(kv[1])), 2)
+    pdfs, series_files = split[0], split[1]
+    series = (
+        series_files
+        | "SpreadSeries" >> beam.Reshuffle()
+        | "ProcessSeries" >> beam.ParDo(ProcessSeries(config, work_root)).with_outputs("dropped", main="docs")
+    )
+    to_build, near_dropped = pdfs, None
     if config.dedup is not None:  # near-duplicates (the same paper as other bytes) go before any parsing
         from pipelines.jobs.dedup import FirstPagesText, NearDuplicates
 
-        texts = unique.docs | "FirstPagesText" >> beam.ParDo(FirstPagesText(config.dedup))
+        texts = pdfs | "FirstPagesText" >> beam.ParDo(FirstPagesText(config.dedup))
         near = texts | "NearDuplicates" >> NearDuplicates(config.dedup)
         near_dropped = near["dropped"]
         to_build = (
-            {"path": unique.docs, "kept": near["kept"] | "KeptKey" >> beam.Map(lambda d: (d, True))}
+            {"path": pdfs, "kept": near["kept"] | "KeptKey" >> beam.Map(lambda d: (d, True))}
             | "JoinKept" >> beam.CoGroupByKey()
             | "OnlyKept" >> beam.FlatMap(lambda kv: [(kv[0], kv[1]["path"][0])] if kv[1]["kept"] else [])
         )
@@ -430,8 +486,14 @@ def build_pipeline(
             "dropped", "pending", main="docs"
         )
     )
-    docs = processed.docs
-    dropped = [hashed.dropped, unique.dropped, processed.dropped, *([near_dropped] if near_dropped is not None else [])]
+    docs = [processed.docs, series.docs]
+    dropped = [
+        hashed.dropped,
+        unique.dropped,
+        processed.dropped,
+        series.dropped,
+        *([near_dropped] if near_dropped is not None else []),
+    ]
     if config.visual_gain is not None:
         finished = (
             processed.pending
@@ -439,9 +501,9 @@ def build_pipeline(
             | "FinishDocument"
             >> beam.ParDo(FinishDocument(config, work_root, retry)).with_outputs("dropped", main="docs")
         )
-        docs = (processed.docs, finished.docs) | "AllDocs" >> beam.Flatten()
+        docs.append(finished.docs)
         dropped.append(finished.dropped)
-    outputs = write_outputs(docs, dropped, config, work_root, out)
+    outputs = write_outputs(tuple(docs) | "AllFinished" >> beam.Flatten(), dropped, config, work_root, out)
     return {**outputs, "config_hash": config_hash}
 
 
@@ -488,22 +550,26 @@ def _write_parts(summary: dict[str, Any], out: str) -> str:
     return path
 
 
-def list_inputs(inputs: Sequence[str]) -> list[str]:
-    """The distinct files the job reads: every PDF below a directory, whatever a file or glob names."""
+def list_inputs(inputs: Sequence[str], out: str | None = None, series: bool = True) -> list[str]:
+    """The distinct files the job reads: every PDF (and series file, unless ``series`` is False) below a directory,
+    whatever a file or glob names (nothing under ``out``, when given)."""
     paths: set[str] = set()
+    out_root = None if out is None else (out.rstrip("/") + "/" if "://" in out else os.path.abspath(out) + os.sep)
     for pattern in expand_inputs(inputs):
         for m in FileSystems.match([pattern])[0].metadata_list:
-            if not _is_dir_pattern(pattern) or m.path.endswith(PDF_SUFFIXES):
+            if out_root is not None and m.path.startswith(out_root):
+                continue
+            if not _is_dir_pattern(pattern) or m.path.endswith(PDF_SUFFIXES) or (series and is_series_file(m.path)):
                 paths.add(m.path)
     return sorted(paths)
 
 
-def count_inputs(inputs: Sequence[str]) -> int | None:
+def count_inputs(inputs: Sequence[str], out: str | None = None) -> int | None:
     """Number of files the job will read (local inputs only; None when unknown/remote)."""
     if any("://" in pattern for pattern in expand_inputs(inputs)):
         return None
     try:
-        return len(list_inputs(inputs))
+        return len(list_inputs(inputs, out))
     except Exception:
         return None
 
@@ -537,7 +603,7 @@ def run(
     if "--runner" not in " ".join(beam_args):
         options.view_as(beam.options.pipeline_options.StandardOptions).runner = "DirectRunner"
     fs.makedirs(out)
-    n_inputs = count_inputs(inputs)
+    n_inputs = count_inputs(inputs, out)
     t0 = time.time()
     p = beam.Pipeline(options=options)
     graph = build_pipeline(p, inputs, config, out, PARSER_VERSION, n_inputs if progress else None, retry)
@@ -611,6 +677,12 @@ def write_manifest(
             pages=int(counters.get("pages", 0)),
             pages_failed=parts["pages_failed"],
             pages_filtered=parts["pages_filtered"],
+            series_files=int(counters.get("series_files", 0)),
+            series=int(counters.get("series", 0)),
+            series_points=int(counters.get("series_points", 0)),
+            series_files_quarantined=sum(
+                n for key, n in parts["dropped_by_reason"].items() if key.startswith("series.")
+            ),
         ),
         dropped_by_reason=parts["dropped_by_reason"],
         quarantine=quarantine,

@@ -123,7 +123,7 @@ def run_parse(
         view_dir.mkdir(exist_ok=True)
     tmp = out / ".blocks.parquet.tmp"
     with pq.ParquetWriter(tmp, BLOCKS_SCHEMA, compression="zstd") as writer:
-        for path in tqdm(list_inputs(inputs), desc="parse", unit="doc", file=sys.stderr):
+        for path in tqdm(list_inputs(inputs, series=False), desc="parse", unit="doc", file=sys.stderr):
             try:
                 with FileSystems.open(path) as f:
                     data = f.read()

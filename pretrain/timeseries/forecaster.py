@@ -123,12 +123,7 @@ class SeriesForecastModel(nn.Module):
     # -- shared pieces ----------------------------------------------------------------------------------------------
 
     def _first_step(self, enc: EncoderOutput) -> torch.Tensor:
-        """The decoder's first input: each channel's last ``out_patch`` normalised values and their flags."""
-        p = self.cfg.forecaster.out_patch
-        z = F.pad(enc.z_last, (p, 0))[..., -p:]
-        v = F.pad(enc.valid.float(), (p, 0))[..., -p:]
-        b, c = z.shape[:2]
-        return torch.cat([z, v], dim=-1).reshape(b * c, 1, 2 * p)
+        return first_step(enc, self.cfg.forecaster.out_patch)
 
     def _text(self, texts: Sequence[str] | None, device: torch.device):
         if texts is None:
@@ -143,23 +138,8 @@ class SeriesForecastModel(nn.Module):
         """Teacher-forced loss on normalised targets. ``context [B, C, T]`` and ``target [B, C, H]`` with NaN where
         missing (a window near a series' end has fewer targets). Point: L1; quantiles: pinball."""
         enc = self.encoder(context)
-        fc = self.forecaster
-        p = self.cfg.forecaster.out_patch
-        b, c, h = target.shape
-        s = -(-h // p)
-        tgt = F.pad(target, (0, s * p - h), value=float("nan"))
-        tvalid = torch.isfinite(tgt)
-        zt = ((tgt.double() - enc.mu[..., None]) / enc.sigma[..., None]).float()
-        zt = torch.where(tvalid, zt.clamp(-Z_CLAMP, Z_CLAMP), torch.zeros_like(zt))
-        zt, tvalid = zt.reshape(b * c, s, p), tvalid.reshape(b * c, s, p)
-        steps_in = torch.cat([self._first_step(enc), torch.cat([zt, tvalid.float()], dim=-1)[:, :-1]], dim=1)
         ts, tm = self._text(texts, context.device)
-        out = fc.decode(fc.condition(enc, ts, tm), steps_in)
-        w = (tvalid & enc.channel_mask.reshape(b * c, 1, 1)).float()
-        n = w.sum().clamp(min=1)
-        point = ((out[..., 0] - zt).abs() * w).sum() / n
-        quant = (pinball(out[..., 1:], zt, fc.levels).mean(-1) * w).sum() / n
-        return {"loss": point + quant, "point": point.detach(), "quantile": quant.detach()}
+        return forecast_loss(self.forecaster, enc, target, ts, tm)
 
     # -- inference --------------------------------------------------------------------------------------------------
 
@@ -205,6 +185,43 @@ class SeriesForecastModel(nn.Module):
         y = (mu + sigma * out).numpy()
         quant = np.sort(y[..., 1:], axis=-1)  # independent heads may cross; sorting keeps them monotone
         return Forecast(point=y[..., 0], quantiles=quant, levels=self.cfg.forecaster.quantiles)
+
+
+def first_step(enc: EncoderOutput, p: int) -> torch.Tensor:
+    """The decoder's first input: each channel's last ``p`` (= ``out_patch``) normalised values and their flags."""
+    z = F.pad(enc.z_last, (p, 0))[..., -p:]
+    v = F.pad(enc.valid.float(), (p, 0))[..., -p:]
+    b, c = z.shape[:2]
+    return torch.cat([z, v], dim=-1).reshape(b * c, 1, 2 * p)
+
+
+def forecast_loss(
+    fc: Forecaster,
+    enc: EncoderOutput,
+    target: torch.Tensor,
+    text_states: torch.Tensor | None = None,
+    text_mask: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Teacher-forced forecasting loss of encoded series against ``target [B, C, H]`` (NaN where missing), in each
+    channel's normalised units: point L1 + mean pinball over the quantile levels, averaged over the observed target
+    values (``n``: how many; 0 gives a zero loss that still belongs to the graph). ``text_states [B, S, llm_dim]``:
+    what the text Q-Former reads (the lane alone: instruction bytes; ``scifolio pretrain``: the LLM's hidden
+    states over the series' positions)."""
+    p = fc.cfg.out_patch
+    b, c, h = target.shape
+    s = -(-h // p)
+    tgt = F.pad(target, (0, s * p - h), value=float("nan"))
+    tvalid = torch.isfinite(tgt)
+    zt = ((tgt.double() - enc.mu[..., None]) / enc.sigma[..., None]).float()
+    zt = torch.where(tvalid, zt.clamp(-Z_CLAMP, Z_CLAMP), torch.zeros_like(zt))
+    zt, tvalid = zt.reshape(b * c, s, p), tvalid.reshape(b * c, s, p)
+    steps_in = torch.cat([first_step(enc, p), torch.cat([zt, tvalid.float()], dim=-1)[:, :-1]], dim=1)
+    out = fc.decode(fc.condition(enc, text_states, text_mask), steps_in)
+    w = (tvalid & enc.channel_mask.reshape(b * c, 1, 1)).float()
+    n = w.sum().clamp(min=1)
+    point = ((out[..., 0] - zt).abs() * w).sum() / n
+    quant = (pinball(out[..., 1:], zt, fc.levels).mean(-1) * w).sum() / n
+    return {"loss": point + quant, "point": point.detach(), "quantile": quant.detach(), "n": w.sum().detach()}
 
 
 def forecast_many(
