@@ -30,7 +30,7 @@ class ModelConfig:
     """Hidden width of the light head ψ (2-layer MLP); 0 means the backbone's hidden size."""
     feature_cache: str | None = None
     """Directory caching E_v features by (image sha256, size); None keeps an in-memory cache only. Unused under
-    ZeRO-3, where every rank runs E_v on every micro-batch (see ``pretrain/model.py``)."""
+    ZeRO-3 and multi-rank ZeRO-1/2, where every rank runs E_v on every micro-batch (``pretrain/model.py``)."""
     memory_cache_items: int = 4096
     """How many encoded images the in-memory cache keeps (E_v is frozen, so cached features are exact)."""
 

@@ -9,7 +9,7 @@ series' slots, and a forecaster conditioned on Φ's hidden states there, scored 
 (frozen: eval mode, ``requires_grad=False``, outside the optimizer and checkpoint deltas). Text rows and page rows
 run through Φ as two forwards; attention never crosses a packed sample (4-D block-causal masks).
 
-``lockstep=True`` (what ZeRO-3 needs, any world size) makes every micro-batch call the same modules in the same
+``lockstep=True`` (what ZeRO-3 needs at any world size, and ZeRO-1/2 on several ranks) makes every micro-batch call the same modules in the same
 order on every rank, whatever its data: ZeRO-3 all-gathers a module's parameters when it is called, and ranks that
 call different modules hang or die in a collective mismatch. E_v then runs on every call (no feature cache: a hit
 would skip it), W_in projects all image slots in one call, and a rank without images or pages pushes a blank

@@ -47,6 +47,13 @@ def train(cfg: TrainConfig, resume: bool = False, on_end: Callable[[Any], None] 
     # ZeRO-3 gathers parameters per module call, and ZeRO-1/2 reduce gradients in buckets filled in the order the
     # backward produces them: on several ranks every rank must call the same modules, whatever its batch holds.
     lockstep = cfg.zero_stage == 3 or (world > 1 and cfg.zero_stage in (1, 2))
+    if series is not None and lockstep:
+        # The lane has no lockstep dummy yet: a rank whose micro-batch holds no series would skip its modules.
+        raise ValueError(
+            f"the time-series lane with ZeRO-{cfg.zero_stage} on {world} rank(s) is not supported yet (ranks without "
+            "series would make other module calls); train it on one rank with ZeRO-0/1/2 or several ranks with "
+            "ZeRO-0, or set data.series=off"
+        )
     model = VisualPretrainModel.load(
         cfg.model, cfg.objective, patch=cfg.data.patch, seed=cfg.seed, lockstep=lockstep, series=series
     )
