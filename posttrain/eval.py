@@ -2,12 +2,15 @@
 
     scifolio eval --model runs/sft/policy --task countdown --n 16 --k 1,4,16 --out eval.json
     scifolio eval --model M --task jsonl --data test.jsonl --verifier math-verify --n 16 --k 1,4 --repeats 3 --out e.json
+    scifolio eval --model M --task agentic --n 8 --k 1,4 --out agentic.json   # coding tasks: gateway + harness + jail
+    scifolio eval --model M --task countdown --engine vllm ...                 # vLLM samples (GPU; refused without it)
     scifolio eval --model M --task perplexity --shards out/ --out ppl.json
 
 pass@k is the unbiased estimator of Chen et al. (2021): with ``n`` samples of which ``c`` pass,
 pass@k = 1 − C(n−c, k)/C(n, k), averaged over problems (and over ``--repeats`` independent runs, whose spread is
-reported too). Samples come from the RL stack's step-driven engine (``HFEngine``; every problem's ``n`` requests
-batched through one engine), so what ``eval`` measures is what RL would have sampled.
+reported too). Samples come from the RL stack's step-driven engines (``HFEngine``, or ``VLLMEngine`` with
+``--engine vllm``; every problem's ``n`` requests batched through one engine), so what ``eval`` measures is what RL
+would have sampled. ``--task agentic`` runs the agentic RL workflow's sessions instead (``evaluate_agentic``).
 
 Tasks live in :data:`TASKS`, a registry: ``@register("name")`` on a function ``(options) -> EvalTask`` adds one
 (the lemma-agent and agentic issues add theirs). A task is problems (``{"id", "prompt" | "messages", "answer",
@@ -253,7 +256,12 @@ def evaluate(
         results = sample(make_engine(), tokenizer, task, n, temperature, top_p, seed + r, bar.update)
         runs.append({"summary": summarise(results, ks), "problems": [_problem_json(p, ks) for p in results]})
     bar.close()
-    out: dict[str, Any] = {"n": n, "k": list(ks), "repeats": repeats, "problems_count": len(task.rows)}
+    return _over_runs(runs, n, ks, len(task.rows))
+
+
+def _over_runs(runs: list[dict[str, Any]], n: int, ks: Sequence[int], problems: int) -> dict[str, Any]:
+    """The summary over ``runs``: each pass@k's mean over runs and (``_std``) its spread."""
+    out: dict[str, Any] = {"n": n, "k": list(ks), "repeats": len(runs), "problems_count": problems}
     for k in ks:
         vals = [run["summary"][f"pass@{k}"] for run in runs]
         mean = sum(vals) / len(vals)
@@ -261,6 +269,63 @@ def evaluate(
         out[f"pass@{k}_std"] = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
     out["runs"] = runs
     return out
+
+
+def evaluate_agentic(
+    make_engine: Callable[[], Any],
+    tokenizer: Any,
+    n: int,
+    ks: Sequence[int],
+    repeats: int = 1,
+    tasks: int | None = None,
+    max_turns: int = 6,
+    max_tokens: int = 192,
+    seed: int = 0,
+    sandbox: Any = None,
+    on_session: Callable[[str, Any], None] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """pass@k on the agentic coding tasks (``posttrain.agentic.tasks.coding_tasks``): per task, ``n`` sessions of the
+    harness (``SimpleHarness``, its own tools and stop rule) against the model behind the gateway on 127.0.0.1, each
+    in a fresh copy of the task's repository, graded by the task's hidden tests in the jail. A session passes when
+    every fail-to-pass and pass-to-pass test passes. A verdict of INFRA (the grader could not grade) counts as a
+    failure and is counted under ``infra``. Sessions are named ``TASK-rREPEAT:J``; ``on_session(name, task)``
+    runs before each one (scripted policies use it)."""
+    import tempfile
+
+    from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
+    from posttrain.agentic.jail import SandboxConfig
+    from posttrain.agentic.tasks import INFRA, PASS, SimpleHarness, coding_tasks, verify
+
+    for k in ks:
+        if k > n:
+            raise ValueError(f"pass@{k} needs --n ≥ {k}")
+    sandbox = sandbox or SandboxConfig()
+    family = coding_tasks()[:tasks]
+    bar = _bar(repeats * n * len(family), progress, unit="session")
+    runs, infra = [], 0
+    for r in range(repeats):
+        gw = Gateway(make_engine(), tokenizer, GatewayConfig(default_max_tokens=max_tokens, seed=seed + r))
+        with ServerThread(build_app(gw)) as url:
+            results = []
+            for task in family:
+                res = ProblemResult(task.task_id)
+                for j in range(n):
+                    session = f"{task.task_id}-r{r}:{j}"
+                    if on_session is not None:
+                        on_session(session, task)
+                    with tempfile.TemporaryDirectory() as tmp:
+                        work = task.setup(Path(tmp))
+                        harness = SimpleHarness(url + "/v1", session, max_turns=max_turns, sandbox=sandbox)
+                        run = harness.run(task.objective, work)
+                        verdict = verify(task, work, sandbox=sandbox)
+                    infra += verdict.status == INFRA
+                    res.samples.append(Sample(run.final_text, run.stopped_by == "answer", verdict.status == PASS))
+                    bar.update(1)
+                results.append(res)
+        runs.append({"summary": summarise(results, ks), "problems": [_problem_json(p, ks) for p in results]})
+    bar.close()
+    return _over_runs(runs, n, ks, len(family)) | {"infra": infra}
 
 
 def _problem_json(p: ProblemResult, ks: Sequence[int]) -> dict[str, Any]:

@@ -25,14 +25,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "or --task perplexity --shards BUILD_OUT.",
     )
     p.add_argument("--model", required=True, help="Hugging Face model directory or name (with its tokenizer)")
-    p.add_argument("--task", required=True, choices=[*sorted(TASKS), "perplexity"], help="what to measure")
+    p.add_argument(
+        "--task",
+        required=True,
+        choices=[*sorted(TASKS), "agentic", "perplexity"],
+        help="what to measure (agentic: the coding tasks through the gateway and the harness, graded in the jail)",
+    )
+    p.add_argument(
+        "--engine",
+        default="hf",
+        choices=["hf", "vllm"],
+        help="the RL stack's engine that samples: hf (in process, any device) or vllm (needs vLLM and a GPU)",
+    )
+    p.add_argument("--max-turns", type=int, default=6, help="--task agentic: harness turns per session")
     p.add_argument("--out", required=True, help="JSON file to write")
     p.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
     p.add_argument("--k", default="1,4,16", help="comma-separated k values of pass@k, each ≤ N (default 1,4,16)")
     p.add_argument("--repeats", type=int, default=1, help="independent sampling runs averaged (spread reported)")
     p.add_argument("--data", default=None, help="--task jsonl: problems, one {id, prompt|messages, answer} a line")
     p.add_argument("--verifier", default="exact", choices=sorted(VERIFIERS), help="--task jsonl: how to check")
-    p.add_argument("--problems", type=int, default=64, help="generated tasks (countdown): how many problems")
+    p.add_argument(
+        "--problems", type=int, default=64, help="generated tasks (countdown) or coding tasks (agentic): how many"
+    )
     p.add_argument("--max-new-tokens", type=int, default=None, help="response budget (default: the task's)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -52,8 +66,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from formats import fs
     from posttrain import eval as ev
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     if args.task == "perplexity":
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
         if not args.shards:
             print("error: --task perplexity needs --shards BUILD_OUT", file=sys.stderr)
             return 2
@@ -63,15 +77,17 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"perplexity {result['perplexity']:.3f} over {result['tokens']} tokens ({result['chunks']} chunks)")
         return 0
 
-    from posttrain.rollout.engines.hf import HFEngine
-
+    if (make_engine := _engine(args)) is None:
+        return 2
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     ks = [int(k) for k in args.k.split(",") if k.strip()]
+    if args.task == "agentic":
+        return _agentic(args, make_engine, tokenizer, ks)
     opts = ev.TaskOptions(args.data, args.verifier, args.problems, args.seed, args.max_new_tokens)
     try:
         task = ev.TASKS[args.task](opts)
         result = ev.evaluate(
-            lambda: HFEngine(model, capacity=args.batch),
+            make_engine,
             tokenizer,
             task,
             args.n,
@@ -92,4 +108,61 @@ def run_eval(args: argparse.Namespace) -> int:
         for k in ks
     )
     print(f"{args.task}: {scores} ({len(task.rows)} problems, n={args.n}, repeats={args.repeats})")
+    return 0
+
+
+def _engine(args: argparse.Namespace):
+    """A factory of the engine ``--engine`` names, or None (after saying why) when it cannot run here."""
+    if args.engine == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            print(
+                "error: --engine vllm: vLLM is not installed (it needs a CUDA GPU): pip install vllm", file=sys.stderr
+            )
+            return None
+        from posttrain.rollout.engines.vllm import VLLMConfig, VLLMEngine
+
+        return lambda: VLLMEngine(VLLMConfig(model=args.model, capacity=args.batch))
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.rollout.engines.hf import HFEngine
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    return lambda: HFEngine(model, capacity=args.batch)
+
+
+def _agentic(args: argparse.Namespace, make_engine, tokenizer, ks: list[int]) -> int:  # noqa: ANN001
+    from formats import fs
+    from posttrain import eval as ev
+
+    if not tokenizer.chat_template:
+        print(
+            f"error: {args.model}: the tokenizer has no chat template; the gateway cannot render sessions",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = ev.evaluate_agentic(
+            make_engine,
+            tokenizer,
+            args.n,
+            ks,
+            args.repeats,
+            tasks=args.problems,
+            max_turns=args.max_turns,
+            max_tokens=args.max_new_tokens or 192,
+            seed=args.seed,
+            progress=not args.no_progress,
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result = {"model": args.model, "task": "agentic", **result}
+    fs.write_text(args.out, json.dumps(result, indent=2))
+    scores = ", ".join(f"pass@{k} {result[f'pass@{k}']:.3f}" for k in ks)
+    print(
+        f"agentic: {scores} ({result['problems_count']} tasks, n={args.n}, repeats={args.repeats}, infra {result['infra']})"
+    )
     return 0

@@ -228,3 +228,48 @@ def test_lemma_chain_family_is_an_eval_task_scored_at_pass_1_and_4_over_16() -> 
         true = sum(1 - (1 - p) ** k for p in rates.values()) / len(rates)
         sigma = math.sqrt(sum((1 - (1 - p) ** k) * (1 - p) ** k for p in rates.values())) / len(rates)
         assert abs(out[f"pass@{k}"] - true) < 4 * sigma + 1e-9, (k, out[f"pass@{k}"], true)
+
+
+def test_agentic_eval_of_a_scripted_policy_reproduces_its_success_rate(tmp_path: Path) -> None:
+    """Sessions through the gateway and the harness, graded by the hidden tests in the jail: a policy that fixes the
+    code on even sessions and games the visible tests on odd ones passes exactly half (pass@1 0.5, pass@2 1)."""
+    from posttrain.agentic.rl import ScriptedAgent, behaviour_replies
+    from posttrain.agentic.scripted import ScriptedTokenEngine
+    from posttrain.eval import evaluate_agentic
+    from posttrain.tiny.agentic import build_tokenizer
+
+    tok = build_tokenizer()
+    agent = ScriptedAgent(tok)
+
+    def script(session: str, task) -> None:  # noqa: ANN001
+        agent.assign(
+            session, behaviour_replies(task, "fix" if int(session.rsplit(":", 1)[1]) % 2 == 0 else "edit_tests")
+        )
+
+    res = evaluate_agentic(
+        lambda: ScriptedTokenEngine(agent), tok, n=2, ks=[1, 2], tasks=1, on_session=script, progress=False
+    )
+    assert res["problems_count"] == 1 and res["infra"] == 0
+    assert res["pass@1"] == 0.5 and res["pass@2"] == 1.0
+    (problem,) = res["runs"][0]["problems"]
+    assert [s["passed"] for s in problem["samples"]] == [True, False]
+
+
+def test_cli_eval_agentic_on_a_tiny_model_and_vllm_refused(tmp_path: Path, capsys, one_torch_thread) -> None:
+    from pipelines.cli import main
+    from posttrain.tiny.agentic import write_tiny_agentic
+
+    model = write_tiny_agentic(tmp_path / "m")
+    out = tmp_path / "agentic.json"
+    argv = ["eval", "--model", str(model), "--task", "agentic", "--problems", "1", "--n", "1", "--k", "1"]
+    argv += ["--max-turns", "2", "--max-new-tokens", "8", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    assert said.startswith("agentic: pass@1 ") and "1 tasks, n=1" in said
+    res = json.loads(out.read_text())
+    assert res["task"] == "agentic" and len(res["runs"][0]["problems"][0]["samples"]) == 1
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        assert main([*argv[:-3], "--engine", "vllm", "--out", str(out)]) == 2
+        assert "vLLM is not installed" in capsys.readouterr().err
