@@ -29,6 +29,15 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(write_tiny_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer"))
 
 
+def needs_loopback_namespace(what: str = "c10d's TCP store"):
+    """Skip marker for tests whose servers bind every interface (``what`` names them)."""
+    return pytest.mark.skipif(
+        not in_loopback_namespace(),
+        reason=f"{what} binds every interface: run inside a loopback-only namespace "
+        "(unshare -n sh -c 'ip link set lo up && exec pytest ...')",
+    )
+
+
 def in_loopback_namespace() -> bool:
     """True inside a loopback-only network namespace (only `lo`): where all-interface servers may start.
 

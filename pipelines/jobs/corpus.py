@@ -366,13 +366,7 @@ class ProcessSeries(beam.DoFn):
                 data = f.read()
             summary = self.store.save(self.builder.build(data, source))
             dropped = self.store.dropped(doc_id)
-        for key, value in summary["stats"].items():
-            Metrics.counter(NAMESPACE, key).inc(int(value))
-        for d in dropped:
-            Metrics.counter(NAMESPACE, f"dropped.{d.stage}.{d.reason}").inc()
-            yield beam.pvalue.TaggedOutput("dropped", d.to_row())
-        if summary["n_chunks"]:
-            yield doc_id
+        yield from emit_done(summary, dropped)
 
 
 class WriteShard(beam.DoFn):

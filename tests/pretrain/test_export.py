@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import in_loopback_namespace
+from tests.conftest import needs_loopback_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,11 +125,7 @@ def test_export_matches_engine_logits_one_rank(stage, runs, tmp_path, capsys) ->
 
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.skipif(
-    not in_loopback_namespace(),
-    reason="c10d's TCP store binds every interface: run inside a loopback-only namespace "
-    "(unshare -n sh -c 'ip link set lo up && exec pytest ...')",
-)
+@needs_loopback_namespace()
 @pytest.mark.parametrize("stage", [2, 3])
 def test_export_matches_engine_logits_two_ranks(stage, runs, tmp_path, capsys) -> None:
     _check(runs, tmp_path, capsys, stage, ranks=2)
@@ -138,11 +134,7 @@ def test_export_matches_engine_logits_two_ranks(stage, runs, tmp_path, capsys) -
 
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.skipif(
-    not in_loopback_namespace(),
-    reason="c10d's TCP store binds every interface: run inside a loopback-only namespace "
-    "(unshare -n sh -c 'ip link set lo up && exec pytest ...')",
-)
+@needs_loopback_namespace()
 def test_zero2_and_zero3_two_ranks_train_alike(runs) -> None:
     """At step 2 rank 1 has no image crops: without the lockstep model its backward would reach W_in at another point
     and ZeRO-2's bucketed reduction would differ (step 3 loss 13.891 against 13.871 measured before the fix)."""

@@ -24,7 +24,7 @@ import pytest
 from pretrain.config import debug
 from pretrain.data import Packer, ShardIndex
 from pretrain.objective import warmup_cosine
-from tests.conftest import in_loopback_namespace
+from tests.conftest import needs_loopback_namespace
 
 
 def _free_port() -> int:
@@ -110,11 +110,7 @@ def _pretrain(argv: list[str]) -> int:
 
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.skipif(
-    not in_loopback_namespace(),
-    reason="c10d's TCP store binds every interface: run inside a loopback-only namespace "
-    "(unshare -n sh -c 'ip link set lo up && exec pytest ...')",
-)
+@needs_loopback_namespace()
 def test_hostfile_two_nodes_zero3_then_resume_at_world_size_1(
     private_ssh: Path, corpus: Path, tiny_models: Path, tmp_path: Path, monkeypatch, capfd
 ) -> None:
