@@ -50,6 +50,16 @@ ROLE_INSTRUCTIONS = {
 }
 
 
+ROLE_INSTRUCTIONS_SHORT = {
+    "reasoner": "Lines DERIVED: <statement> | BECAUSE: <why> | USES: <ids>; then ANSWER: <value> and USES: <ids>.",
+    "summariser": "Blocks LEMMA: / BECAUSE: / USES: / END; then ANSWER: and USES: if the round has one.",
+    "reviser": "ANSWER: <value> and USES: <ids>.",
+    "verifier": "End with VERDICT: VALID or VERDICT: INVALID.",
+}
+"""One-line role instructions (``RoleCaller(instructions=ROLE_INSTRUCTIONS_SHORT)``): for small character-level
+policies, where every character of the full instructions is a prompt token on every call (the ``debug`` recipe)."""
+
+
 class Codec(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
@@ -136,11 +146,13 @@ class RoleCaller:
     max_prompt_tokens: int | None = None
     max_steps: int = 1_000_000
     """Safety bound on engine steps per batch."""
+    instructions: dict[str, str] | None = None
+    """Role instructions put in every prompt (default ``ROLE_INSTRUCTIONS``)."""
     calls: list[Call] = field(default_factory=list)
     _n: int = 0
 
     def render(self, prompt: RolePrompt) -> str:
-        return f"ROLE: {prompt.role}\n{ROLE_INSTRUCTIONS[prompt.role]}\n\n{prompt.text}\n"
+        return f"ROLE: {prompt.role}\n{(self.instructions or ROLE_INSTRUCTIONS)[prompt.role]}\n\n{prompt.text}\n"
 
     def _ids(self, text: str) -> list[int]:
         ids = self.codec.encode(text)

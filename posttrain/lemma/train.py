@@ -31,7 +31,7 @@ from posttrain.lemma.agent import AgentConfig, LemmaAgent, Trace
 from posttrain.lemma.bc import BCExample, collate, examples_from_traces, solved
 from posttrain.lemma.credit import batch_metrics
 from posttrain.lemma.hier import hierarchical_batch
-from posttrain.lemma.roles import HFCodec, RoleCaller, char_codec
+from posttrain.lemma.roles import ROLE_INSTRUCTIONS, ROLE_INSTRUCTIONS_SHORT, HFCodec, RoleCaller, char_codec
 from posttrain.lemma.tasks import make_rows
 from posttrain.lemma.verifiers import FormalVerifier, LemmaVerifier, ModelVerifier, NoisyVerifier
 from posttrain.rl.learner import Learner, LearnerConfig, pack
@@ -61,7 +61,10 @@ class ColdStartConfig:
     rollouts: int = 4
     """Scripted runs per training question (the BC set is their successful, credited rounds)."""
     epochs: int = 40
-    """Passes over the BC examples."""
+    """Passes over the BC examples (upper bound when ``loss_target`` is set)."""
+    loss_target: float = 0.0
+    """Stop once the mean BC loss of the last pass over the examples is at or below this (nats per trained
+    token; 0 = run every epoch)."""
     batch_size: int = 16
     lr: float = 3e-3
     """AdamW learning rate of the cold start (its own optimizer; the RL learner's is untouched)."""
@@ -109,24 +112,35 @@ class LemmaTrainConfig:
     """``policy=tiny`` only: width of the random Qwen2."""
     torch_threads: int = 0
     """``torch.set_num_threads`` (0 = leave as is)."""
+    prompts: str = "full"
+    """Role instructions in every prompt: ``full`` (``roles.ROLE_INSTRUCTIONS``) or ``short``
+    (``roles.ROLE_INSTRUCTIONS_SHORT``, one line each: a character-level policy pays a token per character)."""
     seed: int = 0
 
 
 def debug() -> LemmaTrainConfig:
     """Tiny policy on CPU: 1-step chains, 4 training questions × 4 rollouts per step, 2 reasoning rounds and 1
-    revision, noisy verifier, cold start by BC, 20 steps. Sized for a dedicated 2-core machine (every character
-    is a token, so the role prompts alone are ~500 tokens)."""
+    revision, noisy verifier, one-line role instructions (``prompts="short"``: every character is a token, and the
+    full instructions alone are ~300 of a call's ~500 prompt tokens), 20 steps; a step is seconds on 2 cores.
+
+    Cold start: BC on the scripted reasoner's credited rounds (lr 3e-3, batch 16) until the mean loss of a pass is
+    ≤ 0.08 nats/token (at most 60 passes). Measured on this recipe: a loss of ~1.1 (20 passes) leaves a policy
+    that solves nothing, so every question has pass rate 0 and RL never updates; ~0.01 (100 passes) starts RL at
+    reward ~0.8, saturated; ~0.08 (~45 passes) starts at reward ~0.2-0.4, where most questions have mixed
+    outcomes and the leave-one-out advantage is non-zero. RL lr 1e-3 (cosine to 1/5): at 1e-4 twenty updates
+    barely move a 2-layer model whose BC took lr 3e-3."""
     agent = AgentConfig(max_rounds=2, max_revisions=1, reasoner_tokens=150, summariser_tokens=150, reviser_tokens=30)
     learner = LearnerConfig(
-        lr=1e-4, schedule="cosine", min_lr_ratio=0.2, n_minibatches=2, kl_beta=0.01, bkl_phi=0.1, seed=0
+        lr=1e-3, schedule="cosine", min_lr_ratio=0.2, n_minibatches=2, kl_beta=0.01, bkl_phi=0.1, seed=0
     )
     return LemmaTrainConfig(
         agent=agent,
         learner=learner,
         task=TaskConfig(n_train=4, steps=1),
-        cold_start=ColdStartConfig(rollouts=4, epochs=20, lr=3e-3),
+        cold_start=ColdStartConfig(rollouts=4, epochs=60, loss_target=0.08, lr=3e-3),
         max_tokens=1024,
         torch_threads=2,
+        prompts="short",
     )
 
 
@@ -171,6 +185,12 @@ def build_policy(cfg: LemmaTrainConfig) -> tuple[torch.nn.Module, HFCodec]:
     return model.eval(), codec
 
 
+def _instructions(cfg: LemmaTrainConfig) -> dict[str, str]:
+    if cfg.prompts not in ("full", "short"):
+        raise ValueError(f"prompts={cfg.prompts!r}: full | short")
+    return ROLE_INSTRUCTIONS_SHORT if cfg.prompts == "short" else ROLE_INSTRUCTIONS
+
+
 def _prompt_cap(cfg: LemmaTrainConfig) -> int:
     a = cfg.agent
     return max(64, cfg.max_tokens - max(a.reasoner_tokens, a.summariser_tokens, a.reviser_tokens))
@@ -194,6 +214,7 @@ class LemmaStage:
         self.learner = Learner(model, cfg.learner, cfg.temperature, 1.0, total_versions=cfg.steps)
         self.engine = HFEngine(copy.deepcopy(model), capacity=cfg.engine_capacity)
         self.caller = RoleCaller(self.engine, self.codec, cfg.temperature, cfg.seed, _prompt_cap(cfg))
+        self.caller.instructions = _instructions(cfg)
         self.verifier = self._verifier()
         self.rows = make_rows(cfg.task.n_train, cfg.task.seed, "train", cfg.task.steps, cfg.task.magnitude)
         self.step_index = 0
@@ -222,6 +243,7 @@ class LemmaStage:
         caller = scripted_caller(cs.p_correct, tokens_per_step=0, seed=cfg.seed + 1)
         caller.codec, caller.policy.codec = self.codec, self.codec
         caller.max_prompt_tokens = _prompt_cap(cfg)
+        caller.instructions = _instructions(cfg)
         rows = [{**r, "id": f"{r['id']}#bc{g}"} for r in self.rows for g in range(cs.rollouts)]
         verifier = NoisyVerifier(cfg.precision, cfg.recall, seed=cfg.seed + 1)
         traces = LemmaAgent(caller, verifier, cfg.agent).solve(rows)
@@ -239,8 +261,10 @@ class LemmaStage:
         gen = torch.Generator().manual_seed(self.cfg.seed)
         pad = self.tokenizer.pad_token_id or 0
         model.train()
-        losses = []
+        losses: list[float] = []
+        epochs = 0
         for _ in range(cs.epochs):
+            epochs += 1
             order = torch.randperm(len(examples), generator=gen).tolist()
             for i in range(0, len(order), cs.batch_size):
                 b = collate([examples[j] for j in order[i : i + cs.batch_size]], pad_id=pad)
@@ -254,6 +278,9 @@ class LemmaStage:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 losses.append(float(loss.detach()))
+            per_epoch = -(-len(examples) // cs.batch_size)
+            if cs.loss_target > 0 and sum(losses[-per_epoch:]) / per_epoch <= cs.loss_target:
+                break
         model.eval()
         if self.learner.reference is not None:  # KL β anchors RL to the cloned policy, not the random one
             self.learner.reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -266,6 +293,7 @@ class LemmaStage:
             "bc_loss_first": losses[0],
             "bc_loss_last": losses[-1],
             "bc_updates": len(losses),
+            "bc_epochs": epochs,
         }
 
     # -- the RL step ----------------------------------------------------------------------------------------

@@ -105,3 +105,28 @@ def test_kill_9_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path) -> 
     ref_ids = [i for r in rows(ref, "trained.jsonl") for i in r["ids"]]
     assert trained == ref_ids
     assert [r.get("reward") for r in got] == pytest.approx([r.get("reward") for r in want])
+
+
+def test_cold_start_stops_at_its_loss_target_and_short_prompts_are_shorter() -> None:
+    from dataclasses import replace
+
+    from posttrain.lemma.roles import RolePrompt
+    from posttrain.lemma.train import ColdStartConfig, LemmaStage, TaskConfig, debug
+
+    cfg = debug()
+    assert cfg.prompts == "short" and cfg.cold_start.loss_target > 0  # the debug recipe as documented
+    small = replace(
+        cfg,
+        steps=1,
+        task=TaskConfig(n_train=1, steps=1),
+        cold_start=ColdStartConfig(rollouts=2, epochs=5, loss_target=50.0),  # any first pass is below 50 nats
+    )
+    stage = LemmaStage(small)
+    bc = stage.warmup()
+    assert bc is not None and bc["bc_epochs"] == 1 and bc["bc_updates"] >= 1
+    p = RolePrompt("reasoner", "PROBLEM: x\nMEMORY:\n(empty)\n", "p0", 0)
+    short = stage.caller.render(p)
+    stage.caller.instructions = None  # the full instructions
+    assert short.startswith("ROLE: reasoner\n") and len(short) < len(stage.caller.render(p)) - 200
+    with pytest.raises(ValueError, match="prompts"):
+        LemmaStage(replace(small, prompts="tiny"))
