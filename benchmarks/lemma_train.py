@@ -29,12 +29,18 @@ def summarise(rows: list[dict], window: int) -> dict[str, float]:
     rl = [r for r in rows if r.get("step", 0) >= 1]
     out: dict[str, float] = {"steps": len(rl)}
     w = min(window, len(rl) // 2) or 1
-    for k in ("reward", "reward_conjugate", "solved", "accepted_per_round", "masked_rounds"):
+    for k in ("reward", "reward_conjugate", "solved", "accepted_per_round", "uncertain_per_round", "masked_rounds"):
         first = [r[k] for r in rl[:w]]
         last = [r[k] for r in rl[-w:]]
         out[f"{k}_first"] = sum(first) / len(first)
         out[f"{k}_last"] = sum(last) / len(last)
         out[f"{k}_gain"] = out[f"{k}_last"] - out[f"{k}_first"]
+    out["skipped_updates"] = sum(r.get("skipped_update", 0) for r in rl)
+    out["rl_s"] = sum(r.get("rollout_s", 0) + r.get("train_s", 0) for r in rl)  # RL steps only, not the cold start
+    bc = next((r for r in rows if r.get("step") == 0), {})
+    for k in ("bc_loss_last", "bc_epochs", "bc_updates"):
+        if k in bc:
+            out[k] = bc[k]
     return out
 
 
@@ -62,13 +68,19 @@ def main(argv: list[str] | None = None) -> int:
         s = summarise(rows, a.window)
         s["wall_s"] = time.time() - t0
         results[arm] = s
-    print(f"{'arm':<9} steps  reward first→last (gain)   conjugate first→last (gain)   solved first→last (gain)")
+    print(
+        "arm       steps  reward first→last (gain)  conjugate first→last  solved first→last  accepted/round  "
+        "uncertain/round  masked rounds  skipped updates  RL s  wall_s"
+    )
     for arm, s in results.items():
         print(
             f"{arm:<9} {s['steps']:>5}  {s['reward_first']:.3f}→{s['reward_last']:.3f} ({s['reward_gain']:+.3f})"
-            f"        {s['reward_conjugate_first']:.3f}→{s['reward_conjugate_last']:.3f} "
-            f"({s['reward_conjugate_gain']:+.3f})       {s['solved_first']:.3f}→{s['solved_last']:.3f} "
-            f"({s['solved_gain']:+.3f})"
+            f"   {s['reward_conjugate_first']:.3f}→{s['reward_conjugate_last']:.3f}"
+            f"           {s['solved_first']:.3f}→{s['solved_last']:.3f}"
+            f"        {s['accepted_per_round_first']:.2f}→{s['accepted_per_round_last']:.2f}"
+            f"       {s['uncertain_per_round_first']:.2f}→{s['uncertain_per_round_last']:.2f}"
+            f"        {s['masked_rounds_first']:.2f}→{s['masked_rounds_last']:.2f}"
+            f"      {s['skipped_updates']:>3}          {s['rl_s']:.0f}  {s['wall_s']:.0f}"
         )
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

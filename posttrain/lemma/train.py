@@ -127,11 +127,13 @@ def debug() -> LemmaTrainConfig:
     ≤ 0.08 nats/token (at most 60 passes). Measured on this recipe: a loss of ~1.1 (20 passes) leaves a policy
     that solves nothing, so every question has pass rate 0 and RL never updates; ~0.01 (100 passes) starts RL at
     reward ~0.8, saturated; ~0.08 (~45 passes) starts at reward ~0.2-0.4, where most questions have mixed
-    outcomes and the leave-one-out advantage is non-zero. RL lr 1e-3 (cosine to 1/5): at 1e-4 twenty updates
-    barely move a 2-layer model whose BC took lr 3e-3."""
+    outcomes and the leave-one-out advantage is non-zero. RL lr 2e-4 (cosine to 1/5): at 1e-3 the first update
+    (Adam moves every weight by ~lr) wrecked the just-cloned policy (reward 0.17 → 0.0 within two steps, KL 0.36
+    to the reference in the first update); 2e-4 is a step between that and the earlier 1e-4 (which this recipe
+    never exercised: its cold start gave no update), not tuned further."""
     agent = AgentConfig(max_rounds=2, max_revisions=1, reasoner_tokens=150, summariser_tokens=150, reviser_tokens=30)
     learner = LearnerConfig(
-        lr=1e-3, schedule="cosine", min_lr_ratio=0.2, n_minibatches=2, kl_beta=0.01, bkl_phi=0.1, seed=0
+        lr=2e-4, schedule="cosine", min_lr_ratio=0.2, n_minibatches=2, kl_beta=0.01, bkl_phi=0.1, seed=0
     )
     return LemmaTrainConfig(
         agent=agent,
