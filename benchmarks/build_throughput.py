@@ -17,9 +17,11 @@ The baseline is then the **same parser configuration at the same parallelism**: 
 with the build's ``ParseConfig`` (the same parse worker and MinerU lanes), in as many processes as the build
 has Beam workers, each over its share of the files; the ratio is the job's own overhead (validation, crops,
 tokenising, chunking, shards, manifest, Beam), whatever the parser costs. Near-duplicate removal is off on
-the build side (the copies are near-duplicates by construction). The last line is ``steady_state_ratio: R``.
+the build side (the copies are near-duplicates by construction). With ``--repeats R`` the loop and the build run
+R times each, in pairs whose order alternates, so a load that drifts during the run hits both sides alike; the
+last line is ``steady_state_ratio: R``, the median of the pairs' ratios.
 
-    python benchmarks/build_throughput.py /work/shared/samples --pages 1000
+    python benchmarks/build_throughput.py /work/shared/samples --pages 1000 --repeats 2
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import dataclasses
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -145,7 +148,10 @@ def same_parser_loop(files: list[Path], lanes: int, workers: int) -> float:
     return time.perf_counter() - t0
 
 
-def steady_state(pdf_paths: list[Path], min_pages: int, tokenizer: str) -> int:
+def steady_state(pdf_paths: list[Path], min_pages: int, tokenizer: str, repeats: int = 1) -> int:
+    """``repeats`` pairs of (``iter_parse`` loop, build), the order alternating pair by pair (loop first, then
+    build first, ...) so that a load that drifts during the run hits both sides alike; the ratio printed last is
+    the median of the pairs' ratios."""
     from parsing import ParseConfig
     from pipelines.assembly.build import BuildConfig
     from pipelines.jobs.corpus import local_beam_args
@@ -161,22 +167,32 @@ def steady_state(pdf_paths: list[Path], min_pages: int, tokenizer: str) -> int:
     )
     print(
         f"{len(files)} PDFs ({len(pdf_paths)} samples repeated), {pages} pages, {os.cpu_count()} cores, "
-        f"{workers} Beam worker(s) / parse processes, backend_lanes={lanes}",
+        f"{workers} Beam worker(s) / parse processes, backend_lanes={lanes}, {repeats} pair(s)",
         flush=True,
     )
+
+    def loop() -> float:
+        t = same_parser_loop(files, lanes, workers)
+        print(f"iter_parse loop, same ParseConfig, {workers} process(es): {t:8.2f} s  {pages / t:7.2f} pages/s")
+        return t
+
+    def job() -> float:
+        t, used = build(corpus, tokenizer, workers=None, lanes=lanes, dedup=False)
+        print(f"scifolio build, default ({used} Beam worker(s)):       {t:8.2f} s  {pages / t:7.2f} pages/s")
+        return t
+
+    ratios = []
     try:
-        t_loop = same_parser_loop(files, lanes, workers)
-        print(
-            f"iter_parse loop, same ParseConfig, {workers} process(es): {t_loop:8.2f} s  {pages / t_loop:7.2f} pages/s",
-            flush=True,
-        )
-        t_build, used = build(corpus, tokenizer, workers=None, lanes=lanes, dedup=False)
-        print(
-            f"scifolio build, default ({used} Beam worker(s)):       {t_build:8.2f} s  {pages / t_build:7.2f} pages/s"
-        )
+        for i in range(repeats):
+            if i % 2 == 0:
+                t_loop, t_build = loop(), job()
+            else:
+                t_build, t_loop = job(), loop()
+            ratios.append(t_loop / t_build)
+            print(f"pair {i + 1}: ratio {ratios[-1]:.3f}   (load average {os.getloadavg()[0]:.2f})", flush=True)
     finally:
         shutil.rmtree(corpus, ignore_errors=True)
-    print(f"steady_state_ratio: {t_loop / t_build:.3f}")
+    print(f"steady_state_ratio: {statistics.median(ratios):.3f}")
     return 0
 
 
@@ -186,6 +202,7 @@ def main() -> int:
     ap.add_argument("--tokenizer", default=None, help="tokenizer path (default: a freshly trained tiny one)")
     ap.add_argument("--layout", default="fast", choices=["fast", "fused"], help="the builds' --layout (default fast)")
     ap.add_argument("--pages", type=int, default=None, help="steady state: repeat the samples to >= N pages")
+    ap.add_argument("--repeats", type=int, default=1, help="steady state: (loop, build) pairs, order alternating")
     args = ap.parse_args()
     global LAYOUT
     LAYOUT = args.layout
@@ -203,7 +220,7 @@ def main() -> int:
 
         tokenizer = str(write_tiny_tokenizer(Path(tempfile.mkdtemp()) / "tok"))
     if args.pages:
-        return steady_state(paths, args.pages, tokenizer)
+        return steady_state(paths, args.pages, tokenizer, args.repeats)
     pages = count_pages(paths)
     print(f"{len(paths)} PDFs, {pages} pages, {os.cpu_count()} cores")
 
