@@ -26,7 +26,8 @@ Rows:
 Bare backends run in this process after one warm-up page; ``fused``/``rules`` run in the worker, warmed on
 the first file. pages/s counts all pages of all files, wall clock. With ``--rounds N`` every row is loaded
 first, then the rows take turns, N passes each, and pages/s is the median pass (on a shared machine rows
-timed in the same round see about the same load); ``fused / mineru`` is printed when both rows ran:
+timed in the same round see about the same load); ``fused / mineru`` is printed when both rows ran, and each
+row's CPU seconds a page (this process and its children), which does not depend on the machine's load:
 
     python benchmarks/layout.py --synthetic 10 --no-scans --seed 3 --only mineru,fused,rules,yolo --rounds 3
 """
@@ -211,6 +212,23 @@ RUNNERS = {
 }
 
 
+def _tree_cpu() -> float:
+    """CPU seconds (user + system) used so far by this process and every live descendant: the parse worker,
+    its helpers, MinerU's render processes. All rows' processes stay up between passes, idle but for the row
+    that runs, so a pass's difference is that row's CPU."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def run_rows(names: list[str], files: list[Path], draw: Path | None, rounds: int) -> dict[str, dict]:
     """Every row loaded at once, then ``rounds`` passes in which each row runs once, in turn: on a shared
     machine the load drifts, and rows timed in the same round see about the same load. A row's seconds are
@@ -224,11 +242,14 @@ def run_rows(names: list[str], files: list[Path], draw: Path | None, rounds: int
         out: dict[str, dict] = {}
         for k in range(rounds):
             for n, row in rows.items():
+                cpu0 = _tree_cpu()
                 preds, pages, secs = row.run(draw if k == 0 and n == "fused" else None)
-                d = out.setdefault(n, {"preds": preds, "pages": pages, "rounds": []})
+                d = out.setdefault(n, {"preds": preds, "pages": pages, "rounds": [], "cpu_rounds": []})
                 d["rounds"].append(secs)
+                d["cpu_rounds"].append(_tree_cpu() - cpu0)
         for d in out.values():
             d["secs"] = statistics.median(d["rounds"])
+            d["cpu"] = statistics.median(d["cpu_rounds"])
         return out
     finally:
         for row in rows.values():
@@ -406,6 +427,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds > 1:
         for n, d in ran.items():
             print(f"  {n} pages/s by round: " + " ".join(f"{d['pages'] / t:.2f}" for t in d["rounds"]))
+    # CPU per page does not depend on what else the machine runs; on two idle cores a row's pages/s lies between
+    # 1 / (CPU s/page) (no overlap) and 2 / (CPU s/page) (both cores busy all the time).
+    print(
+        "CPU s/page (this process and its children): "
+        + ", ".join(f"{n} {d['cpu'] / d['pages']:.3f}" for n, d in ran.items())
+    )
     if "fused" in results and "mineru" in results:
         ratio = (results["fused"][1] / results["fused"][2]) / (results["mineru"][1] / results["mineru"][2])
         line = f"fused / mineru pages/s: {ratio:.2f}x"
