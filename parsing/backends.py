@@ -488,9 +488,11 @@ class YoloBackend:
         table and equation blocks (with scores, in ``parse``'s order, without text: fusion reads the text
         layer itself). The pages are rendered now, on this thread (PyMuPDF is not thread-safe; ~5 ms and
         ~2.4 MB a page); the network runs on this backend's own thread while the caller runs the main
-        backend, so MinerU (about one core) and the detector use both cores. A page whose render or
-        inference fails is left out: it costs the page its proposals, never the page."""
+        backend, so MinerU (about one core) and the detector use both cores, and both threads finish the
+        detector's pages once the main backend is done. A page whose render or inference fails is left out: it
+        costs the page its proposals, never the page."""
         import traceback
+        from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         rendered = {}
@@ -499,43 +501,60 @@ class YoloBackend:
                 rendered[i] = self.detector.render(doc[i])
             except Exception:
                 traceback.print_exc(limit=2)
+        idx = list(rendered)
+        step = self.detector.pages_per_call
+        chunks = deque(idx[s : s + step] for s in range(0, len(idx), step))
+
+        def drain() -> dict[int, tuple[float, float, list[tuple[str, BBox, float]]]]:
+            out = {}
+            while True:
+                try:
+                    chunk = chunks.popleft()
+                except IndexError:
+                    return out
+                out.update(self._infer(chunk, rendered))
+
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="yolo")
-        future = self._thread.submit(self._infer, rendered)
+        future = self._thread.submit(drain)
 
         def join() -> dict[int, tuple[Block, ...]]:
             from formats.records import CROPPED_KINDS
 
+            # The caller's backend is done: its thread takes the pages the detector's thread has not started
+            # (when the detector is the slower of the two, both cores finish its pages).
+            got = drain()
+            got.update(future.result())
             out = {}
-            for i, (width, height, dets) in future.result().items():
+            for i in sorted(got):
+                width, height, dets = got[i]
                 blocks = self._blocks(dets, width, height, None)
                 out[i] = tuple(b for b in blocks if b.kind in CROPPED_KINDS)
             return out
 
         return join
 
-    def _infer(self, rendered: dict[int, Any]) -> dict[int, tuple[float, float, list[tuple[str, BBox, float]]]]:
-        """Page -> (width, height, detections) by ``detector.infer``, a batch at a time (page by page again when
-        a batch fails); each page's pixels are dropped once it is done."""
+    def _infer(
+        self, chunk: list[int], rendered: dict[int, Any]
+    ) -> dict[int, tuple[float, float, list[tuple[str, BBox, float]]]]:
+        """Page -> (width, height, detections) of the pages of ``chunk`` (one ``detector.infer`` call; page by
+        page again when it fails); their pixels are dropped from ``rendered``."""
         import traceback
 
         out = {}
-        idx = list(rendered)
-        for s in range(0, len(idx), self.detector.batch):
-            chunk = idx[s : s + self.detector.batch]
-            try:
-                got = dict(zip(chunk, self.detector.infer([rendered[i] for i in chunk])))
-            except Exception:
-                got = {}
-                for i in chunk:
-                    try:
-                        got[i] = self.detector.infer([rendered[i]])[0]
-                    except Exception:
-                        traceback.print_exc(limit=2)
+        try:
+            got = dict(zip(chunk, self.detector.infer([rendered[i] for i in chunk])))
+        except Exception:
+            got = {}
             for i in chunk:
-                r = rendered.pop(i)
-                if i in got:
-                    out[i] = (r.width, r.height, got[i])
+                try:
+                    got[i] = self.detector.infer([rendered[i]])[0]
+                except Exception:
+                    traceback.print_exc(limit=2)
+        for i in chunk:
+            r = rendered.pop(i)
+            if i in got:
+                out[i] = (r.width, r.height, got[i])
         return out
 
     @staticmethod

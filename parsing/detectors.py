@@ -187,6 +187,11 @@ class YoloLayout:
         dim = self._session.get_inputs()[0].shape[0]
         self._batched = not isinstance(dim, int) or dim != 1  # a graph exported for batch 1 runs page by page
 
+    @property
+    def pages_per_call(self) -> int:
+        """Pages ``infer`` sends through the network at once (1 for a graph exported for batch 1)."""
+        return self.batch if self._batched else 1
+
     def render(self, page: pymupdf.Page) -> Rendered:
         """The page as RGB pixels, its longer side the input size, with what maps boxes back to PDF points.
         PyMuPDF is not thread-safe: call this on the thread that owns the document."""
@@ -206,7 +211,7 @@ class YoloLayout:
         import numpy as np
 
         out: list[list[tuple[str, BBox, float]]] = []
-        step = self.batch if self._batched else 1
+        step = self.pages_per_call
         for s in range(0, len(rendered), step):
             chunk = rendered[s : s + step]
             boxed = [letterbox(r.img) for r in chunk]
@@ -225,7 +230,7 @@ class YoloLayout:
         """For each page: [(kind, bbox in PDF points, score)], highest score first (``render`` then ``infer``,
         a batch at a time)."""
         out: list[list[tuple[str, BBox, float]]] = []
-        step = self.batch if self._batched else 1
+        step = self.pages_per_call
         for s in range(0, len(pages), step):
             out += self.infer([self.render(p) for p in pages[s : s + step]])
         return out
