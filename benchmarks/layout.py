@@ -24,7 +24,12 @@ Rows:
   with parameters fitted on the other files only (grid search per kind, ``fit``); pages/s is the sum of the
   two rows' times. ``LOFO rules+yolo+pymupdf`` likewise with PyMuPDF's layout as a third voter.
 Bare backends run in this process after one warm-up page; ``fused``/``rules`` run in the worker, warmed on
-the first file. pages/s counts all pages of all files, wall clock.
+the first file. pages/s counts all pages of all files, wall clock. With ``--rounds N`` every row is loaded
+first, then the rows take turns, N passes each, and pages/s is the median pass (on a shared machine rows
+timed in the same round see about the same load); ``fused / mineru`` is printed when both rows ran, and each
+row's CPU seconds a page (this process and its children), which does not depend on the machine's load:
+
+    python benchmarks/layout.py --synthetic 10 --no-scans --seed 3 --only mineru,fused,rules,yolo --rounds 3
 """
 
 from __future__ import annotations
@@ -110,21 +115,44 @@ def _add(preds: Preds, name: str, page: int, kind: str, bbox, score: float | Non
         preds.setdefault(name, {}).setdefault(str(page), []).append((kind, [float(x) for x in bbox], s))
 
 
-def run_scifolio(files: list[Path], draw: Path | None, layout: str = "fused") -> tuple[Preds, int, float]:
-    from formats.records import Page
-    from parsing import ParseConfig, Parser
+class Row:
+    """One row's runner: ``open`` loads (and warms) it once, each ``run`` is one timed pass over the files."""
 
-    # Quality, not timeouts, is measured here: on a loaded shared machine the scan path (OCR) of the image-only
-    # page can pass the default 60 s page timeout and the page would be scored as empty.
-    cfg = ParseConfig(layout=layout, page_timeout_s=PAGE_TIMEOUT_S, doc_timeout_s=20 * PAGE_TIMEOUT_S)
-    preds: Preds = {}
-    pages = 0
-    with Parser() as parser:
-        list(parser.iter_parse(files[0].read_bytes(), str(files[0]), cfg))  # warm-up: worker start, models
+    def open(self, files: list[Path]) -> None:
+        self.files = files
+
+    def run(self, draw: Path | None) -> tuple[Preds, int, float]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class ScifolioRow(Row):
+    """``Parser.iter_parse`` in its worker, warmed on the first file (worker start, models)."""
+
+    def __init__(self, layout: str) -> None:
+        self.layout = layout
+
+    def open(self, files: list[Path]) -> None:
+        from parsing import ParseConfig, Parser
+
+        super().open(files)
+        # Quality, not timeouts, is measured here: on a loaded shared machine the scan path (OCR) of the
+        # image-only page can pass the default 60 s page timeout and the page would be scored as empty.
+        self.cfg = ParseConfig(layout=self.layout, page_timeout_s=PAGE_TIMEOUT_S, doc_timeout_s=20 * PAGE_TIMEOUT_S)
+        self.parser = Parser().__enter__()
+        list(self.parser.iter_parse(files[0].read_bytes(), str(files[0]), self.cfg))
+
+    def run(self, draw: Path | None) -> tuple[Preds, int, float]:
+        from formats.records import Page
+
+        preds: Preds = {}
+        pages = 0
         t0 = time.perf_counter()
-        for f in files:
+        for f in self.files:
             data = f.read_bytes()
-            for r in parser.iter_parse(data, str(f), cfg):
+            for r in self.parser.iter_parse(data, str(f), self.cfg):
                 if isinstance(r, Page):
                     pages += 1
                     for b in r.blocks:
@@ -134,41 +162,99 @@ def run_scifolio(files: list[Path], draw: Path | None, layout: str = "fused") ->
 
                         draw.mkdir(parents=True, exist_ok=True)
                         (draw / f"{f.stem[:40]}_p{r.page_index:03d}.png").write_bytes(draw_boxes(data, r, 100))
-        secs = time.perf_counter() - t0
-    return preds, pages, secs
+        return preds, pages, time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.parser.__exit__(None, None, None)
 
 
-def _run_backend(name: str, files: list[Path]) -> tuple[Preds, int, float]:
-    import pymupdf
+class BackendRow(Row):
+    """A wrapped backend bare, in this process, after one warm-up page."""
 
-    from parsing.backends import OcrBackend, make_backend
+    def __init__(self, name: str) -> None:
+        self.name = name
 
-    # the scan path bare: rapid-layout's regions without our cut of equation regions at prose lines
-    backend = OcrBackend(split_equations=False) if name == "rapidocr" else make_backend(name)
-    backend.load()
-    with pymupdf.open(files[0]) as doc:  # warm-up on one page
-        backend.parse(str(files[0]), doc, [0])
-    preds: Preds = {}
-    pages = 0
-    t0 = time.perf_counter()
-    for f in files:
-        with pymupdf.open(f) as doc:
-            idx = list(range(doc.page_count))
-            pages += len(idx)
-            for i, parsed in backend.parse(str(f), doc, idx).items():
-                for b in parsed.blocks:
-                    _add(preds, f.name, i, b.kind, b.bbox, b.score)
-    return preds, pages, time.perf_counter() - t0
+    def open(self, files: list[Path]) -> None:
+        import pymupdf
+
+        from parsing.backends import OcrBackend, make_backend
+
+        super().open(files)
+        # the scan path bare: rapid-layout's regions without our cut of equation regions at prose lines
+        self.backend = OcrBackend(split_equations=False) if self.name == "rapidocr" else make_backend(self.name)
+        self.backend.load()
+        with pymupdf.open(files[0]) as doc:
+            self.backend.parse(str(files[0]), doc, [0])
+
+    def run(self, draw: Path | None) -> tuple[Preds, int, float]:
+        import pymupdf
+
+        preds: Preds = {}
+        pages = 0
+        t0 = time.perf_counter()
+        for f in self.files:
+            with pymupdf.open(f) as doc:
+                idx = list(range(doc.page_count))
+                pages += len(idx)
+                for i, parsed in self.backend.parse(str(f), doc, idx).items():
+                    for b in parsed.blocks:
+                        _add(preds, f.name, i, b.kind, b.bbox, b.score)
+        return preds, pages, time.perf_counter() - t0
 
 
 RUNNERS = {
-    "fused": lambda files, draw: run_scifolio(files, draw, "fused"),
-    "rules": lambda files, draw: run_scifolio(files, None, "fast"),
-    "mineru": lambda files, draw: _run_backend("mineru", files),
-    "pymupdf": lambda files, draw: _run_backend("pymupdf", files),
-    "rapid-layout": lambda files, draw: _run_backend("rapidocr", files),
-    "yolo": lambda files, draw: _run_backend("yolo", files),
+    "fused": lambda: ScifolioRow("fused"),
+    "rules": lambda: ScifolioRow("fast"),
+    "mineru": lambda: BackendRow("mineru"),
+    "pymupdf": lambda: BackendRow("pymupdf"),
+    "rapid-layout": lambda: BackendRow("rapidocr"),
+    "yolo": lambda: BackendRow("yolo"),
 }
+
+
+def _tree_cpu() -> float:
+    """CPU seconds (user + system) used so far by this process and every live descendant: the parse worker,
+    its helpers, MinerU's render processes. All rows' processes stay up between passes, idle but for the row
+    that runs, so a pass's difference is that row's CPU."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def run_rows(names: list[str], files: list[Path], draw: Path | None, rounds: int) -> dict[str, dict]:
+    """Every row loaded at once, then ``rounds`` passes in which each row runs once, in turn: on a shared
+    machine the load drifts, and rows timed in the same round see about the same load. A row's seconds are
+    the median of its rounds (boxes: the first round's; every round gives the same)."""
+    import statistics
+
+    rows = {n: RUNNERS[n]() for n in names}
+    try:
+        for row in rows.values():
+            row.open(files)
+        out: dict[str, dict] = {}
+        for k in range(rounds):
+            for n, row in rows.items():
+                cpu0 = _tree_cpu()
+                preds, pages, secs = row.run(draw if k == 0 and n == "fused" else None)
+                d = out.setdefault(n, {"preds": preds, "pages": pages, "rounds": [], "cpu_rounds": []})
+                d["rounds"].append(secs)
+                d["cpu_rounds"].append(_tree_cpu() - cpu0)
+        for d in out.values():
+            d["secs"] = statistics.median(d["rounds"])
+            d["cpu"] = statistics.median(d["cpu_rounds"])
+        return out
+    finally:
+        for row in rows.values():
+            if hasattr(row, "files"):
+                row.close()
 
 
 # ---- fusion fitted leave-one-file-out ------------------------------------------------------------------
@@ -276,6 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic pages")
     ap.add_argument("--no-scans", action="store_true", help="synthetic pages without their scanned copies")
     ap.add_argument("--only", default=",".join(ROWS), help=f"comma-separated rows to run (default: {','.join(ROWS)})")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="timed passes per row, the rows taking turns (pages/s: the median pass; boxes: the first)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="per-file matched counts")
     ap.add_argument("--draw", type=Path, default=None, help="write scifolio's pages with boxes drawn here")
     ap.add_argument("--dump", type=Path, default=None, help="write every row's predicted boxes to this JSON file")
@@ -306,12 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     dumped = {}
     loaded = json.loads(args.load.read_text()) if args.load else {}
-    for name in args.only.split(","):
-        if name in loaded:
-            preds, pages, secs = loaded[name]["preds"], loaded[name]["pages"], loaded[name]["secs"]
-        else:
-            preds, pages, secs = RUNNERS[name](files, args.draw)
-        dumped[name] = {"preds": preds, "pages": pages, "secs": secs}
+    names = args.only.split(",")
+    ran = run_rows([n for n in names if n not in loaded], files, args.draw, args.rounds)
+    for name in names:
+        d = loaded[name] if name in loaded else ran[name]
+        preds, pages, secs = d["preds"], d["pages"], d["secs"]
+        dumped[name] = d
         if args.verbose:
             print(f"  {name}:")
         results[name] = (score(refs, preds, args.verbose), pages, secs)
@@ -332,6 +424,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {'+'.join(sources)} fitted on all files: {describe(fit(refs, rows, sources))}")
     print(f"{len(files)} PDFs, {results[next(iter(results))][1]} pages, IoU >= 0.5")
     print(table(results))
+    if args.rounds > 1:
+        for n, d in ran.items():
+            print(f"  {n} pages/s by round: " + " ".join(f"{d['pages'] / t:.2f}" for t in d["rounds"]))
+    # CPU per page does not depend on what else the machine runs; on two idle cores a row's pages/s lies between
+    # 1 / (CPU s/page) (no overlap) and 2 / (CPU s/page) (both cores busy all the time).
+    print(
+        "CPU s/page (this process and its children): "
+        + ", ".join(f"{n} {d['cpu'] / d['pages']:.3f}" for n, d in ran.items())
+    )
+    if "fused" in results and "mineru" in results:
+        ratio = (results["fused"][1] / results["fused"][2]) / (results["mineru"][1] / results["mineru"][2])
+        line = f"fused / mineru pages/s: {ratio:.2f}x"
+        if "fused" in ran and "mineru" in ran and args.rounds > 1:
+            import statistics
+
+            per = [b / a for a, b in zip(ran["fused"]["rounds"], ran["mineru"]["rounds"])]
+            line += f" (median of the rounds' ratios {statistics.median(per):.2f}x)"
+        print(line)
     if args.synthetic:
         for part in ("digital", "scanned"):
             sub = [r for r in refs if part in r["pdf"]]

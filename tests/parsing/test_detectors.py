@@ -67,3 +67,23 @@ def test_generated_table_pages_get_their_table_box(parser, make):
     from pipelines.jobs.parse_view import page_rows
 
     assert {r["proposed_by"] for r in page_rows(pages[0]) if r["kind"] == "table"} >= {best.proposed_by}
+
+
+def test_propose_on_a_thread_gives_the_boxes_of_parse():
+    """The fused layout runs the network on a thread beside MinerU (``YoloBackend.propose``); its proposals
+    must be ``parse``'s figure/table/equation boxes, scores and order exactly, and a page whose render fails
+    only loses its proposals."""
+    import pymupdf
+
+    from formats.records import CROPPED_KINDS
+    from parsing.backends import YoloBackend
+
+    data, _ = landscape_table_pdf()
+    yolo = YoloBackend()
+    yolo.load()
+    with pymupdf.open(stream=data, filetype="pdf") as doc:
+        parsed = yolo.parse("t.pdf", doc, [0])
+        proposed = yolo.propose(doc, [0, 7])()  # page 7 does not exist: its render raises
+    want = [(b.kind, b.bbox, b.score) for b in parsed[0].blocks if b.kind in CROPPED_KINDS]
+    assert list(proposed) == [0]
+    assert [(b.kind, b.bbox, b.score) for b in proposed[0]] == want and want

@@ -81,10 +81,10 @@ def test_multi_panel_figure_is_one_box_with_its_caption():
     ]
     out = refine_blocks(page, blocks)
     (fig,) = _kinds(out, "figure")
-    # every panel and its "(x)" label is inside the one box; the caption and the paragraph are not
+    # every panel is inside the one box; the caption and the paragraph are not (the "(x)" label lines under
+    # the lower panels may stay out: the rule that grew figures over them was dropped in issue 26)
     for r in panels:
         assert containment(r, fig.bbox) > 0.98
-        assert fig.bbox[3] >= r[3] + 10  # the label line under the lower panels
     (cap,) = _kinds(out, "caption")
     assert cap.caption_of == fig.reading_order
     assert fig.bbox[3] < 376
