@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import pickle
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.beam_timing import cpu_s, run_without_load, timed_handler  # noqa: E402
 
 
 def make_crops(n: int, size: int = 224):
@@ -46,11 +49,6 @@ def make_crops(n: int, size: int = 224):
     return out
 
 
-def cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def bare_loop(crops, model_path: str, batch: int) -> tuple[float, float, np.ndarray]:
     """(wall s, CPU s, vectors), model load excluded."""
     from PIL import Image
@@ -65,22 +63,6 @@ def bare_loop(crops, model_path: str, batch: int) -> tuple[float, float, np.ndar
     return time.perf_counter() - t, cpu_s() - c, np.concatenate(vecs)
 
 
-def timed_handler(cfg, log: Path):
-    """The job's handler, appending "wall CPU" seconds of each ``load_model`` to ``log`` (the handler reaches the
-    runner pickled, so a file, not a global)."""
-    from pipelines.jobs.index import CropEmbedding
-
-    class Timed(CropEmbedding):
-        def load_model(self):
-            w, c = time.perf_counter(), cpu_s()
-            model = super().load_model()
-            with open(log, "a") as f:
-                f.write(f"{time.perf_counter() - w} {cpu_s() - c}\n")
-            return model
-
-    return Timed(cfg)
-
-
 def beam_stage(crops, model_path: str, batch: int) -> tuple[float, float, np.ndarray]:
     """(wall s, CPU s, vectors) of the pipeline, start-up included, model load excluded (the loop's is too)."""
     import apache_beam as beam
@@ -92,7 +74,9 @@ def beam_stage(crops, model_path: str, batch: int) -> tuple[float, float, np.nda
     cfg = IndexJobConfig(out="unused", index=IndexConfig(), embed_model=model_path, batch_size=batch)
     tmp = Path(tempfile.mkdtemp())
     loads = tmp / "loads.txt"
-    handler = timed_handler(cfg, loads)
+    from pipelines.jobs.index import CropEmbedding
+
+    handler = timed_handler(CropEmbedding, cfg, loads)
     out = tmp / "vectors.npy"
     # The crops enter the pipeline from a file, as the job's ReadCrops reads them from shards: beam.Create would
     # pickle and bz2-compress every crop into the pipeline graph (seconds of construction, not the stage).
@@ -113,13 +97,8 @@ def beam_stage(crops, model_path: str, batch: int) -> tuple[float, float, np.nda
             | beam.combiners.ToList()
             | beam.Map(lambda xs: np.save(out, np.stack([v for _, v in sorted(xs, key=lambda x: x[0])])))
         )
-    result = p.run()
-    result.wait_until_finish()
-    wall, cpu = time.perf_counter() - t, cpu_s() - c
-    timings = [tuple(map(float, line.split())) for line in loads.read_text().splitlines()]
-    if len(timings) != 1:
-        raise RuntimeError(f"expected one model load in this process, saw {len(timings)}")
-    return wall - timings[0][0], cpu - timings[0][1], np.load(out)
+    wall, cpu = run_without_load(p, t, c, loads)
+    return wall, cpu, np.load(out)
 
 
 def main() -> None:

@@ -17,7 +17,6 @@ script fails.
 from __future__ import annotations
 
 import argparse
-import os
 import pickle
 import random
 import statistics
@@ -28,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.beam_timing import cpu_s, run_without_load, timed_handler  # noqa: E402
 
 
 def make_documents(n_pages: int, seed: int = 0) -> list:
@@ -47,27 +47,6 @@ def make_documents(n_pages: int, seed: int = 0) -> list:
     return docs
 
 
-def cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def timed_handler(slot, log: Path):
-    """The job's handler, appending "wall CPU" seconds of each ``load_model`` to ``log`` (the handler reaches the
-    runner pickled, so a file, not a global)."""
-    from pipelines.jobs.scoring import VisualGainScoring
-
-    class Timed(VisualGainScoring):
-        def load_model(self):
-            w, c = time.perf_counter(), cpu_s()
-            model = super().load_model()
-            with open(log, "a") as f:
-                f.write(f"{time.perf_counter() - w} {cpu_s() - c}\n")
-            return model
-
-    return Timed(slot)
-
-
 def direct_loop(docs, scorer, model) -> tuple[float, float, dict]:
     """(wall s, CPU s, scores) of ``run_batch`` over each document's pages."""
     t, c = time.perf_counter(), cpu_s()
@@ -79,6 +58,8 @@ def beam_stage(docs, slot) -> tuple[float, float, dict]:
     """(wall s, CPU s, scores) of the pipeline, its model load excluded."""
     import apache_beam as beam
     from apache_beam.ml.inference.base import RunInference
+
+    from pipelines.jobs.scoring import VisualGainScoring
 
     tmp = Path(tempfile.mkdtemp())
     src, out = tmp / "docs.pkl", tmp / "scores.pkl"
@@ -102,17 +83,12 @@ def beam_stage(docs, slot) -> tuple[float, float, dict]:
         p
         | beam.Create([str(src)], reshuffle=False)
         | beam.FlatMap(lambda path: pickle.loads(Path(path).read_bytes()))
-        | RunInference(timed_handler(slot, loads))
+        | RunInference(timed_handler(VisualGainScoring, slot, loads))
         | beam.combiners.ToList()
         | beam.Map(collect)
     )
-    result = p.run()
-    result.wait_until_finish()
-    wall, cpu = time.perf_counter() - t, cpu_s() - c
-    timings = [tuple(map(float, line.split())) for line in loads.read_text().splitlines()]
-    if len(timings) != 1:
-        raise RuntimeError(f"expected one model load in this process, saw {len(timings)}")
-    return wall - timings[0][0], cpu - timings[0][1], pickle.loads(out.read_bytes())
+    wall, cpu = run_without_load(p, t, c, loads)
+    return wall, cpu, pickle.loads(out.read_bytes())
 
 
 def main(argv: list[str] | None = None) -> int:
