@@ -42,6 +42,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import PredictionResult, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.utils.windowed_value import WindowedValue
 
 from formats import fs
 from formats.manifest import QUARANTINE_DIR, SHARDS_DIR, Manifest, QuarantineEntry, ShardEntry, Totals
@@ -179,6 +180,11 @@ class ProcessDocument(beam.DoFn):
     Heavy objects (tokenizer, parser worker) are built in ``setup``; the tokenizer loads in a background thread
     while the parse worker starts up and parses the first document (a loading error is raised by ``process``
     before that document is built, not turned into a dead letter).
+
+    One document of look-ahead within a bundle: ``process`` hands its document to the parse thread and then
+    builds the *previous* one, so the parse worker reads document i+1 while this process crops, tokenises,
+    chunks and saves document i (the parser otherwise idles during that work); ``finish_bundle`` builds the
+    last. Every call on the parser (parse, retry, restart) goes through that one thread, in order.
     """
 
     def __init__(
@@ -196,6 +202,8 @@ class ProcessDocument(beam.DoFn):
         self.retry = retry or RetryPolicy()
 
     def setup(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         from parsing import warm_up
 
         # The parse worker loads MinerU and starts its helpers while this process loads the tokenizer.
@@ -203,44 +211,80 @@ class ProcessDocument(beam.DoFn):
             warm_up(self.config.parse)
         self.store = WorkStore(self.work_root)
         self._builder = _in_background(DocumentBuilder, self.config)
+        self._parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parse-ahead")
+        self._ahead: _Ahead | None = None
         self._bar = None
         if self.progress_total:
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.progress_total, desc="documents", unit="doc", file=sys.stderr, leave=False)
 
-    def process(self, element: tuple[str, str]) -> Iterable[Any]:
-        from parsing import iter_parse
+    def start_bundle(self) -> None:
+        self._ahead = None
 
+    def process(
+        self, element: tuple[str, str], window: Any = beam.DoFn.WindowParam, timestamp: Any = beam.DoFn.TimestampParam
+    ) -> Iterable[Any]:
         doc_id, source = element
         summary = self.store.done(doc_id)
         if summary is not None:
             Metrics.counter(NAMESPACE, "documents_resumed").inc()
             yield from emit_done(summary, self.store.dropped(doc_id))
+            self._tick()
+            return
+        ahead = _Ahead(doc_id, source, window, timestamp, self._parser.submit(self._read_and_parse, source))
+        previous, self._ahead = self._ahead, ahead
+        if previous is not None:
+            yield from self._finish(previous)
+
+    def finish_bundle(self) -> Iterable[Any]:
+        last, self._ahead = self._ahead, None
+        if last is None:
+            return
+        for out in self._finish(last):  # outside process(): outputs carry their element's window explicitly
+            tag = out.tag if isinstance(out, beam.pvalue.TaggedOutput) else None
+            value = WindowedValue(out.value if tag else out, last.timestamp, [last.window])
+            yield value if tag is None else beam.pvalue.TaggedOutput(tag, value)
+
+    def _finish(self, ahead: _Ahead) -> Iterator[Any]:
+        t0 = time.perf_counter()
+        result = self._build_with_retries(ahead)
+        Metrics.distribution(NAMESPACE, "doc_ms").update(int((time.perf_counter() - t0 + ahead.parse_s) * 1000))
+        if isinstance(result, PendingDocument) and result.pages:
+            yield beam.pvalue.TaggedOutput("pending", result)  # scored by RunInference, built by FinishDocument
         else:
-            t0 = time.perf_counter()
-            result = self._build_with_retries(doc_id, source, iter_parse)
-            Metrics.distribution(NAMESPACE, "doc_ms").update(int((time.perf_counter() - t0) * 1000))
-            if isinstance(result, PendingDocument) and result.pages:
-                yield beam.pvalue.TaggedOutput("pending", result)  # scored by RunInference, built by FinishDocument
-            else:
-                if isinstance(result, PendingDocument):  # no page to score
-                    result = self._builder.result().finish(result, None)
-                yield from emit_result(self.store, result)
+            if isinstance(result, PendingDocument):  # no page to score
+                result = self._builder.result().finish(result, None)
+            yield from emit_result(self.store, result)
+        self._tick()
+
+    def _tick(self) -> None:
         if self._bar is not None:
             self._bar.update(1)
 
-    def _build_with_retries(
-        self, doc_id: str, source: str, iter_parse: Callable[..., Any]
-    ) -> DocResult | PendingDocument:
+    def _read_and_parse(self, source: str) -> tuple[bytes, _Parsed, float]:
+        """On the parse thread: the document's bytes and its parse records (a parse error is replayed to the
+        builder; a read error is raised by the Future)."""
+        from parsing import iter_parse
+
+        t0 = time.perf_counter()
+        with FileSystems.open(source) as f:
+            data = f.read()
+        return data, _Parsed(iter_parse(data, source, self.config.parse)), time.perf_counter() - t0
+
+    def _build_with_retries(self, ahead: _Ahead) -> DocResult | PendingDocument:
         """Read, parse and build (with visual gain on: prepare, the page filter comes later); an infrastructure
         failure (out of memory, I/O, a failing model or backend) is retried with exponential backoff, and one
-        that persists gives a ``retryable`` result."""
+        that persists gives a ``retryable`` result. The first attempt uses the look-ahead parse; a retry
+        re-reads and re-parses on the parse thread, after the look-ahead parse already queued there."""
+        from parsing.api import close_default_parser
+
+        doc_id, source = ahead.doc_id, ahead.source
+        parsing = ahead.parsed
         for attempt in range(1, self.retry.attempts + 1):
             try:
-                with FileSystems.open(source) as f:
-                    data = f.read()
-                parsed = _Parsed(iter_parse(data, source, self.config.parse))
+                data, parsed, parse_s = parsing.result()
+                ahead.parse_s += parse_s
                 builder = self._builder.result()
                 if self.config.visual_gain is not None:
                     return builder.prepare(data, source, parsed)
@@ -249,18 +293,32 @@ class ProcessDocument(beam.DoFn):
                 if not is_infrastructure_error(e):
                     raise
                 log.warning("%s: attempt %d/%d failed: %r", source, attempt, self.retry.attempts, e)
-                from parsing.api import close_default_parser
-
-                close_default_parser()  # the next try (or document) gets a fresh parse worker
+                # the next try (and document) gets a fresh parse worker; queued behind any look-ahead parse
+                self._parser.submit(close_default_parser).result()
                 if attempt == self.retry.attempts:
                     return retryable_result(doc_id, source, e, attempt)
                 Metrics.counter(NAMESPACE, "build_retries").inc()
                 time.sleep(self.retry.backoff_s * 2 ** (attempt - 1))
+                parsing = self._parser.submit(self._read_and_parse, source)
         raise AssertionError("unreachable")
 
     def teardown(self) -> None:
+        if getattr(self, "_parser", None) is not None:
+            self._parser.shutdown(wait=True, cancel_futures=True)
         if getattr(self, "_bar", None) is not None:
             self._bar.close()
+
+
+@dataclass
+class _Ahead:
+    """A document handed to the parse thread, built when the next one arrives (or at the end of the bundle)."""
+
+    doc_id: str
+    source: str
+    window: Any
+    timestamp: Any
+    parsed: Future[tuple[bytes, _Parsed, float]]
+    parse_s: float = 0.0
 
 
 class FinishDocument(beam.DoFn):

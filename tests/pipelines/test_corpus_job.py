@@ -103,6 +103,51 @@ def test_test_pipeline_builds_shards_and_quarantine(corpus: Path, tmp_path: Path
     assert html.count("<figure>") == 2 and "open.not_pdf" in html
 
 
+def test_next_document_is_parsed_while_the_previous_one_is_built(
+    corpus: Path, tmp_path: Path, tiny_tokenizer: str, monkeypatch
+):
+    """ProcessDocument's look-ahead: the parse worker reads document i+1 while this process builds document i
+    (the job's own work no longer adds to the parser's time), and the output is the same."""
+    import threading
+
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+
+    import parsing
+    from parsing import PARSER_VERSION
+    from pipelines.assembly.build import DocumentBuilder
+    from pipelines.jobs.corpus import build_pipeline
+
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    real_parse, real_build = parsing.iter_parse, DocumentBuilder.build
+
+    def iter_parse(data, source, config):
+        with lock:
+            events.append(("parse", Path(source).name))
+        yield from real_parse(data, source, config)
+
+    def build(self, data, source, parsed):
+        time.sleep(0.3)  # a slow build: the next parse must already be under way
+        out = real_build(self, data, source, parsed)
+        with lock:
+            events.append(("built", Path(source).name))
+        return out
+
+    monkeypatch.setattr(parsing, "iter_parse", iter_parse)
+    monkeypatch.setattr(DocumentBuilder, "build", build)
+    config = _config(tiny_tokenizer)
+    out = tmp_path / "out"
+    with TestPipeline(options=beam.options.pipeline_options.PipelineOptions(["--runner=DirectRunner"])) as p:
+        build_pipeline(p, [str(corpus)], config, str(out), PARSER_VERSION)
+    parsed = [name for kind, name in events if kind == "parse"]
+    built = [name for kind, name in events if kind == "built"]
+    assert sorted(parsed) == sorted(built) and len(built) >= 3  # every opened document built once
+    for first, second in zip(parsed, parsed[1:]):  # each parse starts before the previous document is built
+        assert events.index(("parse", second)) < events.index(("built", first)), events
+    assert len({r.doc_id for r in _shard_rows(out)}) == 3
+
+
 def test_parse_view_writes_one_row_per_block(corpus: Path, tmp_path: Path):
 
     from parsing import ParseConfig
