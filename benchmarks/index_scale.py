@@ -4,7 +4,8 @@ One collection per N in the layout the index uses by default (``retrieval.index`
 2, ``doc_id`` partition key), loaded by bulk import of parquet files. For each index type: build the index (time
 until every row is indexed), load it, then measure over 1,000 held-out queries (drawn from the same clusters,
 never inserted) recall@10 against exact numpy search, single-query p50/p99 latency at k = 10 through our layer
-(``ShardedIndex.search``) and through pymilvus directly on the same collection, resident memory of the server
+(``ShardedIndex.search``) and through pymilvus directly on the same collection (each query through both, back to
+back, the order alternating), resident memory of the server
 per vector (RSS after load minus RSS with the collection released) and disk per vector (the server's storage
 directory). Ingest rates: bulk import of the N rows, and upserts through our layer (a 20,000-row sample).
 
@@ -127,13 +128,19 @@ def wait_indexed(client, name: str, n: int, timeout: float) -> None:
         time.sleep(2.0)
 
 
-def latencies(fn, queries: np.ndarray) -> tuple[list[list[str]], np.ndarray]:
-    found, ms = [], []
-    for q in queries:
-        t = time.perf_counter()
-        found.append(fn(q))
-        ms.append((time.perf_counter() - t) * 1000)
-    return found, np.array(ms)
+def paired_latencies(
+    fns: tuple, queries: np.ndarray
+) -> tuple[tuple[list[list[str]], list[list[str]]], tuple[np.ndarray, np.ndarray]]:
+    """Each query through both ``fns`` back to back, the order alternating per query, so a load that changes
+    during the run hits both sides alike (timed one after the other, the two sides saw different loads)."""
+    found: tuple[list, list] = ([], [])
+    ms: tuple[list, list] = ([], [])
+    for i, q in enumerate(queries):
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            t = time.perf_counter()
+            found[side].append(fns[side](q))
+            ms[side].append((time.perf_counter() - t) * 1000)
+    return found, (np.array(ms[0]), np.array(ms[1]))
 
 
 def recall(found: list[list[str]], truth: np.ndarray) -> float:
@@ -240,7 +247,6 @@ def main() -> None:
                                 search_params=sp,
                                 consistency="Bounded",
                             )
-                            ours, ours_ms = latencies(lambda q: [h.sha256 for h in ix.search(q, k=K)[0]], queries)
                             direct = MilvusClient(uri=uri)
                             params = search_params(index, "IP", K, sp)
 
@@ -265,7 +271,10 @@ def main() -> None:
                                 )
                                 return [h["id"] for h in res[0]]
 
-                            raw_found, raw_ms = latencies(raw, queries)
+                            def layer(q, ix=ix):
+                                return [h.sha256 for h in ix.search(q, k=K)[0]]
+
+                            (ours, raw_found), (ours_ms, raw_ms) = paired_latencies((layer, raw), queries)
                             direct.close()
                             record(
                                 {
