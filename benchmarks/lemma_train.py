@@ -1,7 +1,7 @@
 """OREAL-H debug run of the lemma agent, and its two ablations with the same seeds (issue 23, item 5).
 
     PYTHONPATH=. nice python benchmarks/lemma_train.py --json benchmarks/results/lemma_train.json
-    PYTHONPATH=. nice python benchmarks/lemma_train.py --arm ratio --steps 20 --out /tmp/lemma_bench
+    PYTHONPATH=. nice python benchmarks/lemma_train.py --arm ratio --torch-threads 1 --out /tmp/lemma_bench  # one arm
 
 Arms (``posttrain.lemma.train.with_ablation``): ``full`` (centred conjugate reward + lemma-graph credit),
 ``ratio`` (raw pass ratio k/n as the final reward), ``no_graph`` (graph credit off: every unmasked round gets the
@@ -52,8 +52,15 @@ def read_rows(out: Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arm", action="append", choices=ARMS, help="arms to run (default: all three)")
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=None, help="learner steps (default: the debug recipe's)")
     ap.add_argument("--window", type=int, default=10)
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch threads per arm (default: the recipe's; 1 when the "
+        "three arms run as parallel processes on 2 cores, which otherwise oversubscribe them ~3x)",
+    )
     ap.add_argument("--out", default="/tmp/lemma_train_bench")
     ap.add_argument("--report-only", action="store_true", help="summarise existing run directories, run nothing")
     ap.add_argument("--json", default=None)
@@ -63,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(a.out) / arm
         t0 = time.time()
         if not a.report_only:
-            run(with_ablation(replace(debug(), steps=a.steps), arm), str(out), progress=False)
+            cfg = debug() if a.steps is None else replace(debug(), steps=a.steps)
+            if a.torch_threads is not None:
+                cfg = replace(cfg, torch_threads=a.torch_threads)
+            run(with_ablation(cfg, arm), str(out), progress=False)
         rows = read_rows(out)
         s = summarise(rows, a.window)
         s["wall_s"] = time.time() - t0

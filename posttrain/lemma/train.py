@@ -119,27 +119,36 @@ class LemmaTrainConfig:
 
 
 def debug() -> LemmaTrainConfig:
-    """Tiny policy on CPU: 1-step chains, 4 training questions × 4 rollouts per step, 2 reasoning rounds and 1
+    """Tiny policy on CPU: 1-step chains, 4 training questions × 8 rollouts per step, 2 reasoning rounds and 1
     revision, noisy verifier, one-line role instructions (``prompts="short"``: every character is a token, and the
-    full instructions alone are ~300 of a call's ~500 prompt tokens), 20 steps; a step is seconds on 2 cores.
+    full instructions alone are ~300 of a call's ~500 prompt tokens), sampling temperature 0.5, one minibatch per
+    step, 30 steps; a step is seconds on 2 cores.
 
     Cold start: BC on the scripted reasoner's credited rounds (lr 3e-3, batch 16) until the mean loss of a pass is
     ≤ 0.08 nats/token (at most 60 passes). Measured on this recipe: a loss of ~1.1 (20 passes) leaves a policy
-    that solves nothing, so every question has pass rate 0 and RL never updates; ~0.01 (100 passes) starts RL at
-    reward ~0.8, saturated; ~0.08 (~45 passes) starts at reward ~0.2-0.4, where most questions have mixed
-    outcomes and the leave-one-out advantage is non-zero. RL lr 2e-4 (cosine to 1/5): at 1e-3 the first update
-    (Adam moves every weight by ~lr) wrecked the just-cloned policy (reward 0.17 → 0.0 within two steps, KL 0.36
-    to the reference in the first update); 2e-4 is a step between that and the earlier 1e-4 (which this recipe
-    never exercised: its cold start gave no update), not tuned further."""
+    that solves nothing, so every question has pass rate 0 and RL never updates; ~0.01 (100 passes) starts RL
+    saturated; ~0.08 (~45 passes) leaves mixed outcomes. RL lr 2e-4 (cosine to 1/5): at 1e-3 (and 5e-4) the first
+    updates wreck the just-cloned policy.
+
+    Why temperature 0.5 (benchmarks/RESULTS.md, "OREAL-H training"): at temperature 1 the cloned character-level
+    policy's samples are mostly garbled text, and its "solved" rollouts are garbled lines that happen to end in
+    the right number. Every update then reinforces noise: the update moves logprobs the right way on its own batch
+    (up on positive advantages, down on negative ones), yet the solve rate on fresh samples falls with the raw
+    conjugate reward, with 1 or 2 minibatches, with 8 or 16 rollouts, with a stronger cold start, and even when
+    only positive advantages are kept (rejection-sampling fine-tuning on its own successes). At 0.5 the samples
+    are the cloned format with the model's uncertainty in the values, and RL has something to sharpen."""
     agent = AgentConfig(max_rounds=2, max_revisions=1, reasoner_tokens=150, summariser_tokens=150, reviser_tokens=30)
     learner = LearnerConfig(
-        lr=2e-4, schedule="cosine", min_lr_ratio=0.2, n_minibatches=2, kl_beta=0.01, bkl_phi=0.1, seed=0
+        lr=2e-4, schedule="cosine", min_lr_ratio=0.2, n_minibatches=1, kl_beta=0.01, bkl_phi=0.1, seed=0
     )
     return LemmaTrainConfig(
+        steps=30,
+        rollouts=8,
         agent=agent,
         learner=learner,
         task=TaskConfig(n_train=4, steps=1),
         cold_start=ColdStartConfig(rollouts=4, epochs=60, loss_target=0.08, lr=3e-3),
+        temperature=0.5,
         max_tokens=1024,
         torch_threads=2,
         prompts="short",
