@@ -6,7 +6,8 @@ series files (CSV/parquet/.tsf) → series rows in the same shards.
 
 Graph:
     patterns → MatchAll → ReadAndHash (doc_id) → GroupByKey(doc_id) → dedupe (duplicates → dead letters)
-      ├─ PDFs → [near-dup] → Reshuffle → ProcessDocument [parse → interleave → chunk; cached per doc]
+      ├─ PDFs → [near-dup] → Reshuffle → ProcessDocument [parse → interleave → chunk; cached per doc; the next
+      │     document is parsed while this one is built]
       │     └─ "pending" (visual gain on): parsed documents → RunInference(VisualGainScoring: the VLM loaded once
       │           per worker, documents batched up to the configured pages) → FinishDocument [thresholds →
       │           interleave → chunk; cached per doc]
