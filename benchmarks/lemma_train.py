@@ -35,6 +35,8 @@ def summarise(rows: list[dict], window: int) -> dict[str, float]:
         out[f"{k}_first"] = sum(first) / len(first)
         out[f"{k}_last"] = sum(last) / len(last)
         out[f"{k}_gain"] = out[f"{k}_last"] - out[f"{k}_first"]
+    # consecutive blocks of `window` steps: a steady climb and the recovery from an early dip read differently
+    out["reward_blocks"] = [sum(r["reward"] for r in rl[i : i + w]) / len(rl[i : i + w]) for i in range(0, len(rl), w)]
     out["skipped_updates"] = sum(r.get("skipped_update", 0) for r in rl)
     out["rl_s"] = sum(r.get("rollout_s", 0) + r.get("train_s", 0) for r in rl)  # RL steps only, not the cold start
     bc = next((r for r in rows if r.get("step") == 0), {})
@@ -55,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="learner steps (default: the debug recipe's)")
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument(
+        "--seed", type=int, default=None, help="run seed (policy init, sampling, verifier; the questions stay the same)"
+    )
+    ap.add_argument(
         "--torch-threads",
         type=int,
         default=None,
@@ -73,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = debug() if a.steps is None else replace(debug(), steps=a.steps)
             if a.torch_threads is not None:
                 cfg = replace(cfg, torch_threads=a.torch_threads)
+            if a.seed is not None:
+                cfg = replace(cfg, seed=a.seed)
             run(with_ablation(cfg, arm), str(out), progress=False)
             (out / "wall_s").write_text(f"{time.time() - t0:.1f}\n")  # so --report-only reports the run's, not its own
         rows = read_rows(out)
@@ -93,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             f"        {s['masked_rounds_first']:.2f}→{s['masked_rounds_last']:.2f}"
             f"      {s['skipped_updates']:>3}          {s['rl_s']:.0f}  {s['wall_s']:.0f}"
         )
+    for arm, s in results.items():
+        print(f"{arm:<9} reward per {a.window} steps: " + " ".join(f"{b:.3f}" for b in s["reward_blocks"]))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(results, indent=2))
