@@ -249,8 +249,8 @@ class ProcessDocument(beam.DoFn):
 
     def _finish(self, ahead: _Ahead) -> Iterator[Any]:
         t0 = time.perf_counter()
-        result = self._build_with_retries(ahead)
-        Metrics.distribution(NAMESPACE, "doc_ms").update(int((time.perf_counter() - t0 + ahead.parse_s) * 1000))
+        result, parse_s = self._build_with_retries(ahead)
+        Metrics.distribution(NAMESPACE, "doc_ms").update(int((time.perf_counter() - t0 + parse_s) * 1000))
         if isinstance(result, PendingDocument) and result.pages:
             yield beam.pvalue.TaggedOutput("pending", result)  # scored by RunInference, built by FinishDocument
         else:
@@ -273,23 +273,25 @@ class ProcessDocument(beam.DoFn):
             data = f.read()
         return data, _Parsed(iter_parse(data, source, self.config.parse)), time.perf_counter() - t0
 
-    def _build_with_retries(self, ahead: _Ahead) -> DocResult | PendingDocument:
+    def _build_with_retries(self, ahead: _Ahead) -> tuple[DocResult | PendingDocument, float]:
         """Read, parse and build (with visual gain on: prepare, the page filter comes later); an infrastructure
         failure (out of memory, I/O, a failing model or backend) is retried with exponential backoff, and one
         that persists gives a ``retryable`` result. The first attempt uses the look-ahead parse; a retry
-        re-reads and re-parses on the parse thread, after the look-ahead parse already queued there."""
+        re-reads and re-parses on the parse thread, after the look-ahead parse already queued there. Returns the
+        result and the seconds the parse thread spent reading and parsing it (for the ``doc_ms`` metric)."""
         from parsing.api import close_default_parser
 
         doc_id, source = ahead.doc_id, ahead.source
         parsing = ahead.parsed
+        parse_s = 0.0
         for attempt in range(1, self.retry.attempts + 1):
             try:
-                data, parsed, parse_s = parsing.result()
-                ahead.parse_s += parse_s
+                data, parsed, seconds = parsing.result()
+                parse_s += seconds
                 builder = self._builder.result()
                 if self.config.visual_gain is not None:
-                    return builder.prepare(data, source, parsed)
-                return builder.build(data, source, parsed)
+                    return builder.prepare(data, source, parsed), parse_s
+                return builder.build(data, source, parsed), parse_s
             except Exception as e:
                 if not is_infrastructure_error(e):
                     raise
@@ -297,7 +299,7 @@ class ProcessDocument(beam.DoFn):
                 # the next try (and document) gets a fresh parse worker; queued behind any look-ahead parse
                 self._parser.submit(close_default_parser).result()
                 if attempt == self.retry.attempts:
-                    return retryable_result(doc_id, source, e, attempt)
+                    return retryable_result(doc_id, source, e, attempt), parse_s
                 Metrics.counter(NAMESPACE, "build_retries").inc()
                 time.sleep(self.retry.backoff_s * 2 ** (attempt - 1))
                 parsing = self._parser.submit(self._read_and_parse, source)
@@ -319,7 +321,6 @@ class _Ahead:
     window: Any
     timestamp: Any
     parsed: Future[tuple[bytes, _Parsed, float]]
-    parse_s: float = 0.0
 
 
 class FinishDocument(beam.DoFn):
