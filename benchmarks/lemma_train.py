@@ -19,15 +19,16 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from posttrain.lemma.train import debug, run, with_ablation
 
 ARMS = ("full", "ratio", "no_graph")
 
 
-def summarise(rows: list[dict], window: int) -> dict[str, float]:
+def summarise(rows: list[dict], window: int) -> dict[str, Any]:
     rl = [r for r in rows if r.get("step", 0) >= 1]
-    out: dict[str, float] = {"steps": len(rl)}
+    out: dict[str, Any] = {"steps": len(rl)}
     w = min(window, len(rl) // 2) or 1
     for k in ("reward", "reward_conjugate", "solved", "accepted_per_round", "uncertain_per_round", "masked_rounds"):
         first = [r[k] for r in rl[:w]]
@@ -36,7 +37,8 @@ def summarise(rows: list[dict], window: int) -> dict[str, float]:
         out[f"{k}_last"] = sum(last) / len(last)
         out[f"{k}_gain"] = out[f"{k}_last"] - out[f"{k}_first"]
     # consecutive blocks of `window` steps: a steady climb and the recovery from an early dip read differently
-    out["reward_blocks"] = [sum(r["reward"] for r in rl[i : i + w]) / len(rl[i : i + w]) for i in range(0, len(rl), w)]
+    blocks = [[r["reward"] for r in rl[i : i + w]] for i in range(0, len(rl), w)]
+    out["reward_blocks"] = [sum(b) / len(b) for b in blocks]
     out["skipped_updates"] = sum(r.get("skipped_update", 0) for r in rl)
     out["rl_s"] = sum(r.get("rollout_s", 0) + r.get("train_s", 0) for r in rl)  # RL steps only, not the cold start
     bc = next((r for r in rows if r.get("step") == 0), {})

@@ -142,7 +142,7 @@ def debug() -> LemmaTrainConfig:
     several of 8 from one step to the next and the policy drifts (KL to the cloned policy 0.1–0.3 per token) without
     improving: every run ended near a reward of 0.6, its measured gain mostly the recovery from a dip after the
     first updates. With 16 the reward climbs steadily in 10-step blocks (0.61 → 0.62 → 0.63 → 0.66 → 0.70 → 0.70,
-    KL ≤ 0.12) and levels off near 0.7 by step 50; 80 steps added nothing. More minibatches or a second pass per
+    KL ≤ 0.12) and levels off near 0.7 by step 50; 80 steps added nothing on seed 0. More minibatches or a second pass per
     batch (with 8 rollouts), a constant lr, lr 3e-4, or 24 rollouts (33 steps run) did not climb faster."""
     agent = AgentConfig(max_rounds=2, max_revisions=1, reasoner_tokens=150, summariser_tokens=150, reviser_tokens=30)
     learner = LearnerConfig(
