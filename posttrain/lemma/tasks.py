@@ -218,9 +218,34 @@ def make_problem(rng: random.Random, steps: int, magnitude: int = 1, problem_id:
     }
 
 
-def make_rows(n: int, seed: int, split: str, steps: int = 4, magnitude: int = 1) -> list[dict[str, Any]]:
+def make_rows(
+    n: int, seed: int, split: str, steps: int = 4, magnitude: int = 1, distinct_kinds: bool = False
+) -> list[dict[str, Any]]:
+    """``n`` seeded problems. ``distinct_kinds``: no two problems share their sequence of step kinds (the same
+    sentences with other numbers) while unused sequences are still found; once ``_TEMPLATE_TRIES`` draws in a row
+    give none, a new round of sequences starts (so ``n`` may exceed their number). For a small training pool: a tiny
+    policy cannot tell ``the sum of the integers from 1 to x0 + 1`` (x0 = 8) from ``… x0 + 6`` (x0 = 7), and RL on
+    two such questions trades one's answer for the other's (benchmarks/RESULTS.md, "OREAL-H training")."""
     rng = random.Random(f"{FAMILY}/{seed}/{split}/{steps}/{magnitude}")
-    return [make_problem(rng, steps, magnitude, f"{FAMILY}-{split}-{i}") for i in range(n)]
+    if not distinct_kinds:
+        return [make_problem(rng, steps, magnitude, f"{FAMILY}-{split}-{i}") for i in range(n)]
+    rows: list[dict[str, Any]] = []
+    used: set[tuple[str, ...]] = set()
+    while len(rows) < n:
+        for _ in range(_TEMPLATE_TRIES):
+            row = make_problem(rng, steps, magnitude, f"{FAMILY}-{split}-{len(rows)}")
+            kinds = tuple(s["kind"] for s in row["steps"])
+            if kinds not in used:
+                break
+        else:
+            used.clear()
+        used.add(kinds)
+        rows.append(row)
+    return rows
+
+
+_TEMPLATE_TRIES = 200
+"""Draws ``make_rows(distinct_kinds=True)`` makes for an unused kind sequence before starting a new round."""
 
 
 def train_test_split(

@@ -6,7 +6,7 @@ Run: python -m pytest tests/posttrain/lemma/test_lemma_tasks.py -q
 from __future__ import annotations
 
 from posttrain.lemma.statements import decide
-from posttrain.lemma.tasks import KINDS, read_chain, train_test_split, verify_answer
+from posttrain.lemma.tasks import KINDS, make_rows, read_chain, train_test_split, verify_answer
 from posttrain.rl.task import JsonlTask
 
 
@@ -17,6 +17,20 @@ def test_split_is_fixed_and_disjoint() -> None:
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
     assert train_test_split(40, 0, seed=8, steps=5)[0] != train
     assert all(r["difficulty"] == {"steps": 5, "magnitude": 2} and len(r["steps"]) == 5 for r in train)
+
+
+def test_distinct_kinds_uses_every_kind_sequence_once_per_round() -> None:
+    one_step = make_rows(2 * len(KINDS) + 3, seed=0, split="train", steps=1, distinct_kinds=True)
+    kinds = [r["steps"][0]["kind"] for r in one_step]
+    # one round of the 7 one-step templates, then a second, then the start of a third
+    assert sorted(kinds[: len(KINDS)]) == sorted(KINDS) == sorted(kinds[len(KINDS) : 2 * len(KINDS)])
+    assert len(set(kinds[2 * len(KINDS) :])) == 3
+    assert make_rows(9, 0, "train", 1, distinct_kinds=True) == make_rows(9, 0, "train", 1, distinct_kinds=True)
+    two_step = make_rows(12, seed=3, split="train", steps=2, distinct_kinds=True)
+    assert len({tuple(s["kind"] for s in r["steps"]) for r in two_step}) == 12
+    assert [r["id"] for r in two_step] == [f"lemma-chain-train-{i}" for i in range(12)]
+    free = [r["steps"][0]["kind"] for r in make_rows(4, 0, "train", 1)]
+    assert free == ["sum", "sum", "poly", "gcd"]  # the default draws kinds freely (and its stream is unchanged)
 
 
 def test_every_step_lemma_is_true_and_needed_by_the_next() -> None:
