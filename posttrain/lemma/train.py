@@ -48,6 +48,8 @@ class TaskConfig:
     """Chain length of a question (lemmas on the way to the answer)."""
     magnitude: int = 1
     """Size of the numbers."""
+    distinct_kinds: bool = False
+    """No two training questions share their sequence of step kinds (``tasks.make_rows``)."""
     seed: int = 0
 
 
@@ -119,20 +121,27 @@ class LemmaTrainConfig:
 
 
 def debug() -> LemmaTrainConfig:
-    """Tiny policy on CPU: 1-step chains, 4 training questions × 16 rollouts per step, 2 reasoning rounds and 1
-    revision, noisy verifier, one-line role instructions (``prompts="short"``: every character is a token, and the
-    full instructions alone are ~300 of a call's ~500 prompt tokens), sampling temperature 0.5, one minibatch per
-    step, 60 steps; a step is ≈ 5–8 s on 2 cores.
+    """Tiny policy on CPU: 1-step chains, 4 training questions of distinct kinds × 16 rollouts per step, 2 reasoning
+    rounds and 1 revision, noisy verifier, one-line role instructions (``prompts="short"``: every character is a
+    token, and the full instructions alone are ~300 of a call's ~500 prompt tokens), sampling temperature 0.5, one
+    minibatch per step, 60 steps; a step is ≈ 5–8 s on 2 cores.
+
+    Why distinct kinds (``task.distinct_kinds``; benchmarks/RESULTS.md, "OREAL-H training"): the free draw of task
+    seed 0 holds two ``sum`` questions (1 … x0 + 1 with x0 = 8, and 1 … x0 + 6 with x0 = 7). Per-question solve
+    rates showed RL trading one for the other: as the first rose from 0.06 to ≈ 0.6 of 16 rollouts, the second fell
+    from ≈ 1.0 to ≈ 0.35 (seed 2: 0.94 and 0.00). The character-level policy answers the template, not the numbers,
+    and every such run levelled off near a reward of 0.70. With one question per kind every question climbs.
 
     Cold start: BC on the scripted reasoner's credited rounds (lr 3e-3, batch 16) until the mean loss of a pass is
-    ≤ 0.08 nats/token (at most 60 passes). Measured on this recipe: a loss of ~1.1 (20 passes) leaves a policy
-    that solves nothing, so every question has pass rate 0 and RL never updates; ~0.01 (100 passes) starts RL
-    saturated; ~0.08 (~45 passes) leaves mixed outcomes. RL lr 2e-4 (cosine to 1/5): at 1e-3 (and 5e-4) the first
+    ≤ 0.12 nats/token (at most 60 passes). Measured: a loss of ~1.1 (20 passes) leaves a policy that solves
+    nothing, so every question has pass rate 0 and RL never updates; ~0.01 (100 passes) starts RL saturated. With
+    distinct kinds, 0.08 started two of three seeds at a reward of 0.81–0.86, within 0.1 of the ceiling (a correct
+    answer earns ≈ 0.945 under the noisy verifier's 4 checks), and those runs ended at a solve rate of 0.95–0.96;
+    0.12 starts at 0.60–0.64 and leaves RL room. RL lr 2e-4 (cosine to 1/5): at 1e-3 (and 5e-4) the first
     updates wreck the just-cloned policy.
 
-    Why temperature 0.5 (benchmarks/RESULTS.md, "OREAL-H training"): at temperature 1 the cloned character-level
-    policy's samples are mostly garbled text, and its "solved" rollouts are garbled lines that happen to end in
-    the right number. Every update then reinforces noise: the update moves logprobs the right way on its own batch
+    Why temperature 0.5: at temperature 1 the cloned character-level policy's samples are mostly garbled text,
+    and its "solved" rollouts are garbled lines that happen to end in the right number. Every update then reinforces noise: the update moves logprobs the right way on its own batch
     (up on positive advantages, down on negative ones), yet the solve rate on fresh samples falls with the raw
     conjugate reward, with 1 or 2 minibatches, with 8 or 16 rollouts, with a stronger cold start, and even when
     only positive advantages are kept (rejection-sampling fine-tuning on its own successes). At 0.5 the samples
@@ -140,10 +149,10 @@ def debug() -> LemmaTrainConfig:
 
     Why 16 rollouts and 60 steps: with 8 rollouts (32 agent runs a step) the per-question solve counts swing by
     several of 8 from one step to the next and the policy drifts (KL to the cloned policy 0.1–0.3 per token) without
-    improving: every run ended near a reward of 0.6, its measured gain mostly the recovery from a dip after the
-    first updates. With 16 the reward climbs steadily in 10-step blocks (0.61 → 0.62 → 0.63 → 0.66 → 0.70 → 0.70,
-    KL ≤ 0.12) and levels off near 0.7 by step 50; 80 steps added nothing on seed 0. More minibatches or a second pass per
-    batch (with 8 rollouts), a constant lr, lr 3e-4, or 24 rollouts (33 steps run) did not climb faster."""
+    improving. With 16 the reward climbs in 10-step blocks. More minibatches or a second pass per batch (with 8
+    rollouts), a constant lr, lr 3e-4, or 24 rollouts did not climb faster (all on the earlier pool). Two-step
+    chains (``task.steps=2``) start at a reward of 0.12–0.25 and questions fall to pass rate 0 (dropped, no
+    gradient) within 10 steps."""
     agent = AgentConfig(max_rounds=2, max_revisions=1, reasoner_tokens=150, summariser_tokens=150, reviser_tokens=30)
     learner = LearnerConfig(
         lr=2e-4, schedule="cosine", min_lr_ratio=0.2, n_minibatches=1, kl_beta=0.01, bkl_phi=0.1, seed=0
@@ -153,8 +162,8 @@ def debug() -> LemmaTrainConfig:
         rollouts=16,
         agent=agent,
         learner=learner,
-        task=TaskConfig(n_train=4, steps=1),
-        cold_start=ColdStartConfig(rollouts=4, epochs=60, loss_target=0.08, lr=3e-3),
+        task=TaskConfig(n_train=4, steps=1, distinct_kinds=True),
+        cold_start=ColdStartConfig(rollouts=4, epochs=60, loss_target=0.12, lr=3e-3),
         temperature=0.5,
         max_tokens=1024,
         torch_threads=2,
@@ -234,7 +243,8 @@ class LemmaStage:
         self.caller = RoleCaller(self.engine, self.codec, cfg.temperature, cfg.seed, _prompt_cap(cfg))
         self.caller.instructions = _instructions(cfg)
         self.verifier = self._verifier()
-        self.rows = make_rows(cfg.task.n_train, cfg.task.seed, "train", cfg.task.steps, cfg.task.magnitude)
+        t = cfg.task
+        self.rows = make_rows(t.n_train, t.seed, "train", t.steps, t.magnitude, distinct_kinds=t.distinct_kinds)
         self.step_index = 0
         self._stats: dict[str, float] = {}
 
