@@ -141,11 +141,12 @@ def debug() -> LemmaTrainConfig:
     updates wreck the just-cloned policy.
 
     Why temperature 0.5: at temperature 1 the cloned character-level policy's samples are mostly garbled text,
-    and its "solved" rollouts are garbled lines that happen to end in the right number. Every update then reinforces noise: the update moves logprobs the right way on its own batch
-    (up on positive advantages, down on negative ones), yet the solve rate on fresh samples falls with the raw
-    conjugate reward, with 1 or 2 minibatches, with 8 or 16 rollouts, with a stronger cold start, and even when
-    only positive advantages are kept (rejection-sampling fine-tuning on its own successes). At 0.5 the samples
-    are the cloned format with the model's uncertainty in the values, and RL has something to sharpen.
+    and its "solved" rollouts are garbled lines that happen to end in the right number. Every update then
+    reinforces noise: the update moves logprobs the right way on its own batch (up on positive advantages, down on
+    negative ones), yet the solve rate on fresh samples falls with the raw conjugate reward, with 1 or 2
+    minibatches, with 8 or 16 rollouts, with a stronger cold start, and even when only positive advantages are kept
+    (rejection-sampling fine-tuning on its own successes). At 0.5 the samples are the cloned format with the
+    model's uncertainty in the values, and RL has something to sharpen.
 
     Why 16 rollouts and 60 steps: with 8 rollouts (32 agent runs a step) the per-question solve counts swing by
     several of 8 from one step to the next and the policy drifts (KL to the cloned policy 0.1–0.3 per token) without
