@@ -218,6 +218,10 @@ def make_problem(rng: random.Random, steps: int, magnitude: int = 1, problem_id:
     }
 
 
+_TEMPLATE_TRIES = 200
+"""Draws ``make_rows(distinct_kinds=True)`` makes for an unused kind sequence before starting a new round."""
+
+
 def make_rows(
     n: int, seed: int, split: str, steps: int = 4, magnitude: int = 1, distinct_kinds: bool = False
 ) -> list[dict[str, Any]]:
@@ -242,10 +246,6 @@ def make_rows(
         used.add(kinds)
         rows.append(row)
     return rows
-
-
-_TEMPLATE_TRIES = 200
-"""Draws ``make_rows(distinct_kinds=True)`` makes for an unused kind sequence before starting a new round."""
 
 
 def train_test_split(

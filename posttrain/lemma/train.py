@@ -52,6 +52,10 @@ class TaskConfig:
     """No two training questions share their sequence of step kinds (``tasks.make_rows``)."""
     seed: int = 0
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The training questions (the train split of ``tasks.make_rows``)."""
+        return make_rows(self.n_train, self.seed, "train", self.steps, self.magnitude, self.distinct_kinds)
+
 
 @dataclass(frozen=True)
 class ColdStartConfig:
@@ -244,8 +248,7 @@ class LemmaStage:
         self.caller = RoleCaller(self.engine, self.codec, cfg.temperature, cfg.seed, _prompt_cap(cfg))
         self.caller.instructions = _instructions(cfg)
         self.verifier = self._verifier()
-        t = cfg.task
-        self.rows = make_rows(t.n_train, t.seed, "train", t.steps, t.magnitude, distinct_kinds=t.distinct_kinds)
+        self.rows = cfg.task.rows()
         self.step_index = 0
         self._stats: dict[str, float] = {}
 

@@ -111,12 +111,11 @@ def test_cold_start_stops_at_its_loss_target_and_short_prompts_are_shorter() -> 
     from dataclasses import replace
 
     from posttrain.lemma.roles import RolePrompt
-    from posttrain.lemma.tasks import make_rows
     from posttrain.lemma.train import ColdStartConfig, LemmaStage, TaskConfig, debug
 
     cfg = debug()
     assert cfg.prompts == "short" and cfg.cold_start.loss_target > 0  # the debug recipe as documented
-    pool = make_rows(cfg.task.n_train, cfg.task.seed, "train", cfg.task.steps, distinct_kinds=cfg.task.distinct_kinds)
+    pool = cfg.task.rows()  # what LemmaStage trains on
     assert len({r["steps"][0]["kind"] for r in pool}) == cfg.task.n_train == 4  # no two questions share a template
     small = replace(
         cfg,
