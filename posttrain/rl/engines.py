@@ -91,7 +91,7 @@ def resolve(cfg: Any) -> Any:
         )
     if cfg.engine.ray is not None and cfg.engine.workers < 1:
         raise EngineRefused(f"engine.workers={cfg.engine.workers}: at least one Ray worker")
-    if policy_is_moe(cfg.policy) and kind not in CAN_RECORD_ROUTES:
+    if kind not in CAN_RECORD_ROUTES and policy_is_moe(cfg.policy):  # asked only then: --print-config stays offline
         raise EngineRefused(
             f"an MoE policy on engine.kind={kind}: refused. That engine cannot record routed experts, so the "
             f"learner could not replay them (R3) and would train on live routing; use engine.kind=hf, speculative, fused or vllm"
@@ -106,7 +106,7 @@ def policy_is_moe(policy: Any) -> bool:
         return policy.arch == "qwen2_moe"
     from transformers import AutoConfig
 
-    return config_is_moe(AutoConfig.from_pretrained(policy.path))
+    return config_is_moe(AutoConfig.from_pretrained(policy.path, local_files_only=True))
 
 
 def config_is_moe(config: Any) -> bool:

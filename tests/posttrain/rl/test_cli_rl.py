@@ -60,6 +60,21 @@ def test_print_config_and_overrides(tmp_path):
     assert cfg["steps"] == 3 and cfg["scheduler"]["partial"] is False and cfg["policy"]["path"] is None
 
 
+def test_print_config_of_a_hub_policy_loads_nothing(tmp_path, capsys, monkeypatch):
+    """``--config small`` names a hub model: printing its config asks neither the hub nor the disk for it."""
+    import transformers
+
+    from pipelines.cli import main
+
+    def refuse(*a, **k):
+        raise AssertionError(f"--print-config loaded a model or config: {a}")
+
+    for cls in (transformers.AutoConfig, transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
+        monkeypatch.setattr(cls, "from_pretrained", refuse)
+    assert main(["posttrain", "rl", "--config", "small", "--out", str(tmp_path), "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"]["path"] == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
 @pytest.mark.slow
 def test_tiny_run_learns_with_partial_rollout_like_sync(tmp_path):
     part, sync = tmp_path / "partial", tmp_path / "sync"
