@@ -23,6 +23,8 @@ master weights; logprobs, the loss and the BKL test are computed in fp32 on both
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -51,25 +53,27 @@ class EngineRefused(ValueError):
     """A kind × placement pair (or a policy on a kind) that cannot run; the message says which and why."""
 
 
-def resolve(cfg: Any) -> Any:
-    """The run config with the legacy spellings folded into ``engine`` and every refusal raised up front."""
+def resolve(cfg: Any, kinds: tuple[str, ...] = KINDS, stage: str = "posttrain rl") -> Any:
+    """The run config (any stage's: ``policy`` and ``engine`` sections) with the legacy spellings folded into
+    ``engine`` and every refusal raised up front; ``kinds``: the engine kinds ``stage`` runs on."""
     kind = cfg.engine.kind
-    spelled = [k for k, on in (("speculative", cfg.speculative.enabled), ("fused", cfg.memdec.enabled)) if on]
-    if len(spelled) > 1:
-        raise EngineRefused("speculative.enabled and memdec.enabled both set: one engine kind per run")
-    if spelled:
-        if kind not in ("hf", spelled[0]):
-            raise EngineRefused(f"engine.kind={kind} contradicts {spelled[0]} spelled by its enabled flag")
-        kind = spelled[0]
-    cfg = replace(
-        cfg,
-        engine=replace(cfg.engine, kind=kind),
-        speculative=replace(cfg.speculative, enabled=kind == "speculative"),
-        memdec=replace(cfg.memdec, enabled=kind == "fused"),
-    )
+    if hasattr(cfg, "speculative"):  # rl's spellings of a kind: speculative.enabled, memdec.enabled
+        spelled = [k for k, on in (("speculative", cfg.speculative.enabled), ("fused", cfg.memdec.enabled)) if on]
+        if len(spelled) > 1:
+            raise EngineRefused("speculative.enabled and memdec.enabled both set: one engine kind per run")
+        if spelled:
+            if kind not in ("hf", spelled[0]):
+                raise EngineRefused(f"engine.kind={kind} contradicts {spelled[0]} spelled by its enabled flag")
+            kind = spelled[0]
+        cfg = replace(
+            cfg,
+            speculative=replace(cfg.speculative, enabled=kind == "speculative"),
+            memdec=replace(cfg.memdec, enabled=kind == "fused"),
+        )
+    cfg = replace(cfg, engine=replace(cfg.engine, kind=kind))
     where = "in process" if cfg.engine.ray is None else f"on Ray ({cfg.engine.ray})"
-    if kind not in KINDS:
-        raise EngineRefused(f"engine.kind={kind!r}: choose from {', '.join(KINDS)}")
+    if kind not in kinds:
+        raise EngineRefused(f"engine.kind={kind!r}: {stage} runs on {', '.join(kinds)}")
     if kind == "vllm":
         try:
             import vllm  # noqa: F401
@@ -118,44 +122,46 @@ def config_is_moe(config: Any) -> bool:
     )
 
 
-def build_policy(cfg: Any, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, Any]:
-    """(policy model, tokenizer): ``policy.path``, or the tiny debug policy (Qwen2 or Qwen2-MoE) built on the spot."""
-    p = cfg.policy
+def build_policy(p: Any, dtype: torch.dtype = torch.float32, tokenizer: Any = None, **config: Any) -> tuple[Any, Any]:
+    """The one policy loader of every stage: (model, tokenizer) from ``policy.path``, or the tiny policy (Qwen2 or
+    Qwen2-MoE by ``policy.arch``, ``policy.seed``) built on the spot over ``tokenizer`` (default: the character
+    tokenizer of the toy tasks); ``config``: further fields of the tiny model's config (``max_position_embeddings``). ``p``: a ``PolicyConfig`` or a config with a ``policy`` section."""
+    p = getattr(p, "policy", p)
     if p.path is None:
-        from transformers import Qwen2Config, Qwen2ForCausalLM
+        from posttrain.tiny.lm import causal_lm
 
-        from posttrain.rl.task import char_tokenizer
+        if tokenizer is None:
+            from posttrain.rl.task import char_tokenizer
 
-        tok = char_tokenizer()
+            tokenizer = char_tokenizer()
         torch.manual_seed(p.seed)
-        h = p.hidden_size
         common = dict(
-            vocab_size=len(tok),
-            hidden_size=h,
-            num_hidden_layers=p.num_layers,
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=256,
             tie_word_embeddings=True,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **config,
         )
         if p.arch == "qwen2_moe":
-            from posttrain.tiny.moe import tiny_moe_config
-
-            mcfg = tiny_moe_config(vocab_size=len(tok), hidden_size=h, num_layers=p.num_layers)
-            for k, v in common.items():
-                setattr(mcfg, k, v)
             from transformers import Qwen2MoeForCausalLM
 
-            return Qwen2MoeForCausalLM(mcfg).to(dtype), tok
-        mcfg = Qwen2Config(intermediate_size=2 * h, attn_implementation=p.attn_implementation, **common)
-        return Qwen2ForCausalLM(mcfg).to(dtype), tok
+            from posttrain.tiny.moe import tiny_moe_config
+
+            mcfg = tiny_moe_config(vocab_size=len(tokenizer), hidden_size=p.hidden_size, num_layers=p.num_layers)
+            for k, v in common.items():
+                setattr(mcfg, k, v)
+            return Qwen2MoeForCausalLM(mcfg).to(dtype), tokenizer
+        model = causal_lm(
+            len(tokenizer), p.hidden_size, p.num_layers, attn_implementation=p.attn_implementation, **common
+        )
+        return model.to(dtype), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(p.path, dtype=dtype, attn_implementation=p.attn_implementation)
-    return model, AutoTokenizer.from_pretrained(p.tokenizer or p.path)
+    return model, tokenizer or AutoTokenizer.from_pretrained(p.tokenizer or p.path)
 
 
 def engine_dtype(cfg: Any) -> torch.dtype:
@@ -232,17 +238,19 @@ def build_fused(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
 
 # -- the factory ---------------------------------------------------------------------------------------------------
 class EngineFactory:
-    """Picklable: builds the run's engine (``cfg.engine.kind``) with ``capacity`` slots where it is called."""
+    """Picklable: builds the run's engine (``cfg.engine.kind``) with ``capacity`` slots where it is called, around
+    ``build()`` (a stage's own policy architecture; weights come with the first sync) or ``build_policy``. R3: an
+    MoE policy (from its config) gets the experts recorder on its routers (not the draft's, not the memory's)."""
 
-    def __init__(self, cfg: Any, capacity: int, version: int = 0) -> None:
-        self.cfg, self.capacity, self.version = cfg, capacity, version
+    def __init__(self, cfg: Any, capacity: int, version: int = 0, build: Callable[[], Any] | None = None) -> None:
+        self.cfg, self.capacity, self.version, self.build = cfg, capacity, version, build
 
     def __call__(self) -> RolloutEngine:
         cfg, kind = self.cfg, self.cfg.engine.kind
         if kind == "scripted":
             from posttrain.rollout.engines.scripted import ScriptedEngine
 
-            vocab = build_policy(cfg)[0].config.vocab_size if cfg.policy.path is None else None
+            vocab = build_policy(cfg.policy)[0].config.vocab_size if cfg.policy.path is None else None
             if vocab is None:
                 from transformers import AutoConfig
 
@@ -260,7 +268,8 @@ class EngineFactory:
                     engine_args={"dtype": cfg.policy.dtype},
                 )
             )
-        policy = build_policy(cfg, engine_dtype(cfg))[0].eval()
+        build = self.build or (lambda: build_policy(cfg.policy)[0])
+        policy = build().to(engine_dtype(cfg)).eval()
         if kind == "speculative":
             from posttrain.rollout.engines.speculative import SpeculativeEngine
 
@@ -276,24 +285,30 @@ class EngineFactory:
 
             model = build_fused(cfg, policy) if kind == "fused" else policy
             engine = HFEngine(model, capacity=self.capacity, version=self.version)
-        if policy_is_moe(cfg.policy):  # R3: the policy's routers only (not the draft's, not the memory's)
+        if config_is_moe(policy.config):
             from posttrain.objectives.r3 import EngineRoutingRecorder
 
             engine.experts_recorder = EngineRoutingRecorder(policy)
         return engine
 
 
-def start_engine(cfg: Any, weights: dict[str, torch.Tensor], version: int) -> RolloutEngine:
+def start_engine(
+    cfg: Any, weights: dict[str, torch.Tensor], version: int, capacity: int = 0, model: torch.nn.Module | None = None
+) -> RolloutEngine:
     """The run's engine at the learner's exact ``weights`` and ``version``: built in process, or as
-    ``engine.workers`` Ray actors from the same factory (Ray started or joined here)."""
+    ``engine.workers`` Ray actors from the same factory (Ray started or joined here). ``model``: the stage's policy,
+    whose architecture the engine copies (default: ``build_policy(cfg.policy)``); ``capacity``: default
+    ``cfg.engine_capacity``."""
+    capacity = capacity or cfg.engine_capacity
+    build = None if model is None else functools.partial(copy.deepcopy, model)
     if cfg.engine.ray is None:
-        engine = EngineFactory(cfg, cfg.engine_capacity)()
+        engine = EngineFactory(cfg, capacity, build=build)()
     else:
         from posttrain import ray_actors
 
         ray_actors.ensure_ray(cfg.engine.ray, cfg.engine.workers)
-        per_worker = max(1, cfg.engine_capacity // cfg.engine.workers)
-        engine = ray_actors.ray_rollout_engine(EngineFactory(cfg, per_worker), cfg.engine.workers)
+        per_worker = max(1, capacity // cfg.engine.workers)
+        engine = ray_actors.ray_rollout_engine(EngineFactory(cfg, per_worker, build=build), cfg.engine.workers)
     if cfg.engine.kind != "scripted":
         engine.update_weights(weights, version)
     elif version:

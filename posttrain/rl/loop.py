@@ -155,7 +155,7 @@ class RLStage:
         self.steps = cfg.steps
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
-        model, self.tokenizer = build_policy(cfg)  # fp32 master weights; the engine holds a copy in policy.dtype
+        model, self.tokenizer = build_policy(cfg.policy)  # fp32 master weights; the engine holds a copy in policy.dtype
         self.learner = Learner(
             model, cfg.learner, cfg.sampling.temperature, cfg.sampling.top_p, total_versions=cfg.steps
         )
