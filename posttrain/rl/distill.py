@@ -47,6 +47,8 @@ from torch import Tensor
 from formats.overrides import with_overrides
 from posttrain.objectives.distill import DomainRoute, DomainRouter, opd_advantage
 from posttrain.objectives.policy_loss import ClipConfig
+from posttrain.rl import engines
+from posttrain.rl.engines import R3_KEYS, EngineConfig, PolicyConfig
 from posttrain.rl.learner import pack, token_logprobs
 from posttrain.rl.task import prompt_ids
 from posttrain.rl.teachers import TeacherConfig, TeacherScorer
@@ -69,8 +71,6 @@ class DistillConfig:
 
     vocab_size: int = 16
     """Debug models: vocabulary (0 unused, 1–2 domain markers, the rest content tokens)."""
-    student_hidden: int = 32
-    """Debug student width (2 layers)."""
     teacher_hidden: int = 64
     """Debug teacher width (2 layers)."""
     teacher_steps: int = 200
@@ -83,7 +83,12 @@ class DistillConfig:
     teacher_paths: dict[str, str] = field(default_factory=dict)
     """domain → local HF directory of its teacher, with its tokenizer (``--teacher DOMAIN=DIR``; ``experts`` only)."""
     student_path: str | None = None
-    """Local HF directory of the student, with its tokenizer (``--student DIR``; ``experts`` only)."""
+    """Local HF directory of the student, with its tokenizer (``--student DIR``; ``experts`` only). With ``toy`` the
+    student is ``policy`` (``policy.arch=qwen2_moe``: an MoE student, its routes replayed by R3)."""
+    policy: PolicyConfig = field(default_factory=lambda: PolicyConfig(hidden_size=32))
+    """The toy student (width, depth, arch, dtype, seed), as in every stage; its path is ``student_path``."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """The student's rollout engine: ``hf``, in process or on Ray (``engine.ray``)."""
     prompts: dict[str, str] = field(default_factory=dict)
     """domain → jsonl of prompts, rows ``{"prompt": ...}`` or ``{"messages": [...]}`` (``--prompts DOMAIN=FILE``;
     ``experts`` only: one file per teacher domain)."""
@@ -381,7 +386,8 @@ class DistillStage:
         self.teachers = teachers
         self.router = DomainRouter({d: DomainRoute(teacher=d, weight=cfg.weights.get(d, 1.0)) for d in teachers})
         self.scorer = TeacherScorer(TeacherConfig(path="<in-process>"))
-        self.engine = HFEngine(copy.deepcopy(student).eval(), capacity=256)
+        self.moe = engines.config_is_moe(student.config)  # R3: the engine records routes, the learner replays them
+        self.engine = engines.start_engine(cfg, self.learner.weights(), 0, capacity=256, model=student)
         self.source = source if source is not None else ToyPrompts(cfg, list(teachers))
         self.teacher_calls: list[tuple[str, list[str]]] = []
         self.eval_prompts = self.source.eval
@@ -409,7 +415,8 @@ class DistillStage:
         self._step += 1
         by_domain = {d: self.source.draw(d, cfg.queries_per_domain) for d in self.teachers}
         seeds = 1000 * self._step
-        trajs = self._sample(self.engine, self._requests(f"s{self._step}", by_domain, cfg.samples_per_query, seeds))
+        reqs = self._requests(f"s{self._step}", by_domain, cfg.samples_per_query, seeds, routes=self.moe)
+        trajs = self._sample(self.engine, reqs)
         self._scored = self.teacher_logprobs(trajs)
         groups: dict[str, list[Trajectory]] = {}
         for t in trajs:
@@ -427,7 +434,7 @@ class DistillStage:
             return adv * weights.to(adv.dtype).unsqueeze(-1)
 
         m = self.learner.update(p, advantage)
-        row: dict[str, Any] = {"loss": m["loss"], "clip_fraction": m["clip_fraction"]}
+        row: dict[str, Any] = {k: m[k] for k in ("loss", "clip_fraction", *R3_KEYS) if k in m}
         domains = [t.request.meta["domain"] for t in trajs]
         for d in self.teachers:
             rows = torch.tensor([x == d for x in domains])
@@ -452,7 +459,7 @@ class DistillStage:
         self.sync()
 
     def close(self) -> None:
-        pass
+        engines.stop_engine(self.cfg)
 
     def step(self, step: int) -> dict[str, Any]:
         """One driver step without a run directory (collect, train, sync): for tests and notebooks."""
@@ -462,7 +469,9 @@ class DistillStage:
         self.sync()
         return row
 
-    def _requests(self, tag: str, by_domain: dict[str, list[list[int]]], n: int, seed0: int) -> list[Request]:
+    def _requests(
+        self, tag: str, by_domain: dict[str, list[list[int]]], n: int, seed0: int, routes: bool = False
+    ) -> list[Request]:
         reqs = []
         for d, ps in by_domain.items():
             for qi, p in enumerate(ps):
@@ -473,11 +482,12 @@ class DistillStage:
                         stop_token_ids=self.stop,
                         ignore_eos=not self.stop,
                         seed=seed0 + len(reqs),
+                        return_routed_experts=routes,
                     )
                     reqs.append(Request(f"{tag}-{d}-{qi}-{s}", p, sp, group_id=f"{tag}-{d}-{qi}", meta={"domain": d}))
         return reqs
 
-    def _sample(self, engine: HFEngine, reqs: list[Request]) -> list[Trajectory]:
+    def _sample(self, engine: Any, reqs: list[Request]) -> list[Trajectory]:
         engine.submit(reqs)
         done: list[Trajectory] = []
         while engine.n_active:
@@ -545,11 +555,16 @@ def build(cfg: DistillConfig) -> DistillStage:
     """The stage of ``cfg``: toy models and prompts (``debug``), or teachers, student and prompt files from their
     paths (``experts``), tokenizers checked before any model is loaded. Raises ``DistillRefused``."""
     check_config(cfg)
+    cfg = engines.resolve(cfg, ("hf",), "posttrain distill")
+    if cfg.policy.path is not None:
+        raise DistillRefused(
+            f"policy.path={cfg.policy.path}: the student of posttrain distill is student_path (--student)"
+        )
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     if cfg.toy:
         teachers = {d: train_teacher(cfg, d) for d in DOMAINS}
-        student = tiny_lm(cfg.vocab_size, cfg.student_hidden, seed=cfg.seed)
+        student = engines.build_policy(cfg.policy, vocab_size=cfg.vocab_size, max_position_embeddings=64)[0]
         return DistillStage(cfg, student.eval(), teachers)
     from transformers import AutoModelForCausalLM
 

@@ -33,6 +33,8 @@ import torch
 from posttrain.rollout.engine import RolloutEngine
 
 KINDS = ("hf", "speculative", "fused", "vllm", "scripted")
+R3_KEYS = ("r3_replayed_tokens", "r3_changed_routes")
+"""What the learner reports of routing replay (MoE policies): every stage's metrics rows carry them."""
 CAN_RECORD_ROUTES = ("hf", "speculative", "fused", "vllm")
 
 
@@ -47,6 +49,31 @@ class EngineConfig:
     """None: in this process; ``local``: a local Ray; ``HOST:PORT``: join that cluster (``--ray``)."""
     workers: int = 2
     """Engine workers on Ray (capacity is split evenly between them)."""
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The policy every stage trains (``policy.path``, ``policy.arch``, ``policy.dtype`` mean the same to rl, agentic,
+    distill and lemma train)."""
+
+    path: str | None = None
+    """Hugging Face model directory or name (with its tokenizer); None builds the tiny debug policy."""
+    tokenizer: str | None = None
+    """Tokenizer directory or name when it is not with the model (``scifolio memdec`` writes them apart)."""
+    hidden_size: int = 64
+    """Tiny policy only: width."""
+    num_layers: int = 2
+    """Tiny policy only: depth."""
+    seed: int = 0
+    """Tiny policy only: initialisation seed."""
+    attn_implementation: str = "sdpa"
+    """The same attention implementation on engine and learner (their logprobs must agree)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """The engine's copy of the policy (the precision map: the learner keeps fp32 master weights and computes
+    logprobs and the loss in fp32; the engine samples in this dtype; sampling logprobs are fp32 math on its
+    logits)."""
+    arch: Literal["qwen2", "qwen2_moe"] = "qwen2"
+    """Tiny policy only: dense Qwen2, or Qwen2-MoE (4 experts, top-2) to exercise R3."""
 
 
 class EngineRefused(ValueError):
@@ -122,41 +149,42 @@ def config_is_moe(config: Any) -> bool:
     )
 
 
-def build_policy(p: Any, dtype: torch.dtype = torch.float32, tokenizer: Any = None, **config: Any) -> tuple[Any, Any]:
+def build_policy(
+    p: Any, dtype: torch.dtype = torch.float32, tokenizer: Any = None, vocab_size: int = 0, **config: Any
+) -> tuple[Any, Any]:
     """The one policy loader of every stage: (model, tokenizer) from ``policy.path``, or the tiny policy (Qwen2 or
-    Qwen2-MoE by ``policy.arch``, ``policy.seed``) built on the spot over ``tokenizer`` (default: the character
-    tokenizer of the toy tasks); ``config``: further fields of the tiny model's config (``max_position_embeddings``). ``p``: a ``PolicyConfig`` or a config with a ``policy`` section."""
+    Qwen2-MoE by ``policy.arch``, seeded by ``policy.seed``) built on the spot over ``tokenizer`` (default: the toy
+    tasks' character tokenizer) or ``vocab_size`` bare ids; ``config``: more fields of the tiny model's config.
+    ``p``: a ``PolicyConfig`` or a config with a ``policy`` section."""
     p = getattr(p, "policy", p)
     if p.path is None:
         from posttrain.tiny.lm import causal_lm
 
-        if tokenizer is None:
+        if tokenizer is None and not vocab_size:
             from posttrain.rl.task import char_tokenizer
 
             tokenizer = char_tokenizer()
-        torch.manual_seed(p.seed)
-        common = dict(
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            tie_word_embeddings=True,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
+        special = ("bos_token_id", "eos_token_id", "pad_token_id")
+        common = {
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 256,
+            "tie_word_embeddings": True,
+            **({k: getattr(tokenizer, k) for k in special} if tokenizer is not None else {}),
             **config,
-        )
+        }
+        vocab = vocab_size or len(tokenizer)
+        torch.manual_seed(p.seed)
         if p.arch == "qwen2_moe":
             from transformers import Qwen2MoeForCausalLM
 
             from posttrain.tiny.moe import tiny_moe_config
 
-            mcfg = tiny_moe_config(vocab_size=len(tokenizer), hidden_size=p.hidden_size, num_layers=p.num_layers)
+            mcfg = tiny_moe_config(vocab_size=vocab, hidden_size=p.hidden_size, num_layers=p.num_layers)
             for k, v in common.items():
                 setattr(mcfg, k, v)
             return Qwen2MoeForCausalLM(mcfg).to(dtype), tokenizer
-        model = causal_lm(
-            len(tokenizer), p.hidden_size, p.num_layers, attn_implementation=p.attn_implementation, **common
-        )
+        model = causal_lm(vocab, p.hidden_size, p.num_layers, attn_implementation=p.attn_implementation, **common)
         return model.to(dtype), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

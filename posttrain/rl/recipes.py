@@ -14,38 +14,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from formats.overrides import with_overrides
-from posttrain.rl.engines import EngineConfig
+from posttrain.rl.engines import EngineConfig, PolicyConfig
 from posttrain.rl.learner import LearnerConfig
 from posttrain.rl.task import SMALL_DATA
 from posttrain.rollout.engines.speculative import SpeculativeConfig
 from posttrain.rollout.scheduler import SchedulerConfig
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    """Which policy to train."""
-
-    path: str | None = None
-    """Hugging Face model directory or name (with its tokenizer); None builds the tiny debug policy."""
-    tokenizer: str | None = None
-    """Tokenizer directory or name when it is not with the model (``scifolio memdec`` writes them apart)."""
-    hidden_size: int = 64
-    """Tiny policy only: width."""
-    num_layers: int = 2
-    """Tiny policy only: depth."""
-    seed: int = 0
-    """Tiny policy only: initialisation seed."""
-    attn_implementation: str = "sdpa"
-    """The same attention implementation on engine and learner (their logprobs must agree)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """The engine's copy of the policy (the precision map: the learner keeps fp32 master weights and computes
-    logprobs and the loss in fp32; the engine samples in this dtype; sampling logprobs are fp32 math on its
-    logits)."""
-    arch: Literal["qwen2", "qwen2_moe"] = "qwen2"
-    """Tiny policy only: dense Qwen2, or Qwen2-MoE (4 experts, top-2) to exercise R3."""
 
 
 @dataclass(frozen=True)
