@@ -1,0 +1,372 @@
+"""The default forecaster that ships inside the package (issue 36): a small patch Transformer that reads a
+per-window-normalised context of up to 512 points and emits 64 future values × 9 quantiles in one pass (direct
+multi-horizon output); longer horizons roll out 64 at a time, up to ``max_horizon`` (512).
+
+    python -m pretrain.timeseries.corpus --out .cache/ts_corpus                       # rebuild the corpus
+    python -m pretrain.timeseries.pretrained --corpus .cache/ts_corpus/corpus.npz \\
+        --out pretrain/timeseries/weights/default.pt --minutes 40                       # retrain the shipped weights
+
+    from pretrain.timeseries.pretrained import load_default, predict
+    point, quantiles = predict(load_default(), [np.sin(np.arange(200) / 3)], horizon=24)   # [1, 24], [1, 24, 9]
+
+It is scifolio's own model (no classical or third-party model behind it) but it does not share weights with the
+C10 lane's encoder/forecaster (``forecaster.py``), which keeps serving ``scifolio pretrain``. Every window is
+normalised by its own observed mean and standard deviation (scale-free, as Chronos and TimesFM do); NaN values are
+missing (an observed-flag channel tells the model, fully missing patches are masked out of attention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from formats import fs
+
+LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "default.pt"
+Z_CLIP = 30.0
+
+
+@dataclass(frozen=True)
+class PatchConfig:
+    """Shape of the default forecaster."""
+
+    context: int = 512
+    """Most past points it reads (a multiple of ``patch``): a season of weekly-hourly data fits three times."""
+    patch: int = 16
+    """Points per input token and per output block of a query token."""
+    horizon: int = 64
+    """Values one pass emits (the trained horizon; a multiple of ``patch``)."""
+    max_horizon: int = 512
+    """Longest horizon served (by rolling out ``horizon`` at a time); longer requests are refused."""
+    d_model: int = 64
+    layers: int = 3
+    heads: int = 4
+    quantiles: tuple[float, ...] = LEVELS
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """Pre-training or fine-tuning on windows cut from series."""
+
+    steps: int = 200
+    """Optimizer steps (``minutes`` > 0 instead stops on wall time, with the schedule following elapsed time)."""
+    minutes: float = 0.0
+    batch: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup: int = 100
+    min_context: int = 8
+    mixup: float = 0.0
+    """Share of windows that are a TSMixup of 2–3 series (Chronos §4.1)."""
+    synth: float = 0.0
+    """Share of windows drawn from the KernelSynth series (sources named ``kernelsynth:…``)."""
+    seed: int = 0
+    threads: int = 1
+    log_every: int = 50
+
+
+class Residual(nn.Module):
+    def __init__(self, d_in: int, d_hidden: int, d_out: int) -> None:
+        super().__init__()
+        self.hidden = nn.Sequential(nn.Linear(d_in, d_hidden), nn.GELU(), nn.Linear(d_hidden, d_out))
+        self.skip = nn.Linear(d_in, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hidden(x) + self.skip(x)
+
+
+class PatchForecaster(nn.Module):
+    """Patch tokens of the normalised context (values + observed flags) and ``horizon / patch`` learned query
+    tokens go through one bidirectional Transformer; each query token's output is its block of values × quantiles."""
+
+    def __init__(self, cfg: PatchConfig) -> None:
+        super().__init__()
+        if cfg.context % cfg.patch or cfg.horizon % cfg.patch:
+            raise ValueError("context and horizon must be multiples of patch")
+        self.cfg = cfg
+        d, p = cfg.d_model, cfg.patch
+        self.n_in, self.n_out = cfg.context // p, cfg.horizon // p
+        self.embed = Residual(2 * p, 2 * d, d)
+        self.pos = nn.Parameter(torch.randn(self.n_in + self.n_out, d) * 0.02)
+        layer = nn.TransformerEncoderLayer(d, cfg.heads, 4 * d, 0.0, activation="gelu", batch_first=True,
+                                           norm_first=True)  # fmt: skip
+        self.body = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
+        self.ln = nn.LayerNorm(d)
+        self.head = Residual(d, 2 * d, p * len(cfg.quantiles))
+
+    def forward(self, z: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
+        """``z [B, context]`` normalised values (0 where missing), ``observed [B, context]`` → ``[B, horizon, K]``."""
+        b, p = z.shape[0], self.cfg.patch
+        zp, op = z.reshape(b, self.n_in, p), observed.reshape(b, self.n_in, p)
+        tokens = self.embed(torch.cat([zp, op], dim=-1))
+        queries = torch.zeros(b, self.n_out, tokens.shape[-1], dtype=tokens.dtype, device=tokens.device)
+        h = torch.cat([tokens, queries], dim=1) + self.pos
+        pad = torch.cat([op.sum(-1) == 0, torch.zeros(b, self.n_out, dtype=torch.bool, device=z.device)], dim=1)
+        out = self.head(self.ln(self.body(h, src_key_padding_mask=pad)[:, self.n_in :]))
+        return out.reshape(b, self.cfg.horizon, len(self.cfg.quantiles))
+
+
+def normalise(ctx: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``ctx [B, context]`` (NaN = missing, left-padded) → (z, observed, loc [B], scale [B]) with each row's
+    observed mean and standard deviation (scale 1 where a row is constant or empty)."""
+    obs = np.isfinite(ctx)
+    n = obs.sum(1)
+    filled = np.where(obs, ctx, 0.0)
+    loc = filled.sum(1) / np.maximum(n, 1)
+    var = (np.where(obs, ctx - loc[:, None], 0.0) ** 2).sum(1) / np.maximum(n, 1)
+    scale = np.sqrt(var)
+    scale = np.where(scale > 1e-8 * (np.abs(loc) + 1e-30), scale, np.where(np.abs(loc) > 0, np.abs(loc), 1.0))
+    z = np.where(obs, np.clip((ctx - loc[:, None]) / scale[:, None], -Z_CLIP, Z_CLIP), 0.0)
+    return z, obs, loc, scale
+
+
+def left_pad(series: Sequence[np.ndarray], length: int) -> np.ndarray:
+    out = np.full((len(series), length), np.nan)
+    for i, s in enumerate(series):
+        s = np.asarray(s, dtype=np.float64)[-length:]
+        if s.size:
+            out[i, length - s.size :] = s
+    return out
+
+
+@torch.no_grad()
+def predict(
+    model: PatchForecaster, series: Sequence[np.ndarray], horizon: int, batch: int = 512
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forecast univariate series (NaN = missing): (median ``[N, H]``, quantiles ``[N, H, K]``), float64. Horizons
+    beyond ``cfg.horizon`` feed the median back ``cfg.horizon`` values at a time; beyond ``cfg.max_horizon`` (or
+    below 1) a ValueError."""
+    cfg = model.cfg
+    if not 1 <= horizon <= cfg.max_horizon:
+        raise ValueError(
+            f"horizon {horizon} is outside 1..{cfg.max_horizon} (the default model emits {cfg.horizon} values per "
+            f"pass and rolls out at most {cfg.max_horizon // cfg.horizon} passes)"
+        )
+    model.eval()
+    mid = int(np.argmin(np.abs(np.asarray(cfg.quantiles) - 0.5)))
+    quant = np.zeros((len(series), horizon, len(cfg.quantiles)))
+    for i in range(0, len(series), batch):
+        ctx = left_pad(series[i : i + batch], cfg.context)
+        done = 0
+        while done < horizon:
+            z, obs, loc, scale = normalise(ctx, cfg.context)
+            out = model(torch.from_numpy(z).float(), torch.from_numpy(obs).float()).double().numpy()
+            block = loc[:, None, None] + scale[:, None, None] * np.sort(out, axis=-1)
+            take = min(cfg.horizon, horizon - done)
+            quant[i : i + batch, done : done + take] = block[:, :take]
+            done += take
+            ctx = np.concatenate([ctx, block[:, :, mid]], axis=1)[:, -cfg.context :]
+    return quant[..., mid].copy(), quant
+
+
+# -- checkpoints ----------------------------------------------------------------------------------------------------
+
+
+def save(model: PatchForecaster, path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> None:
+    buf = io.BytesIO()
+    state = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    torch.save({"config": dataclasses.asdict(model.cfg), "state": state, "meta": meta or {}}, buf)
+    fs.write_bytes(path, buf.getvalue())
+
+
+def load(path: str | os.PathLike[str]) -> PatchForecaster:
+    blob = torch.load(path, weights_only=False, map_location="cpu")
+    cfg = PatchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in blob["config"].items()})
+    model = PatchForecaster(cfg)
+    model.load_state_dict(blob["state"])
+    return model.eval()
+
+
+def load_default() -> PatchForecaster:
+    """The weights shipped in the package (``pretrain/timeseries/weights/default.pt``)."""
+    if not DEFAULT_WEIGHTS.exists():
+        raise FileNotFoundError(f"{DEFAULT_WEIGHTS} missing: reinstall scifolio or retrain (see this module)")
+    return load(DEFAULT_WEIGHTS)
+
+
+# -- training -------------------------------------------------------------------------------------------------------
+
+
+class Windows:
+    """Training windows: a series drawn (real ones uniformly over source groups, then over series; KernelSynth with
+    probability ``synth``), a cut point, a context of ``min_context``–``context`` points before it and up to
+    ``horizon`` targets after it (NaN past the end); with probability ``mixup`` a TSMixup of 2–3 mean-scaled
+    windows with Dirichlet weights."""
+
+    def __init__(self, series: Sequence[np.ndarray], sources: Sequence[str], mcfg: PatchConfig, fcfg: FitConfig):
+        from pretrain.timeseries.corpus import source_group
+
+        self.m, self.f = mcfg, fcfg
+        self.rng = np.random.default_rng(fcfg.seed)
+        keep = [i for i, s in enumerate(series) if np.isfinite(s).sum() > fcfg.min_context]
+        self.series = [np.asarray(series[i], dtype=np.float64) for i in keep]
+        groups: dict[str, list[int]] = {}
+        self.synth: list[int] = []
+        for j, i in enumerate(keep):
+            g = source_group(sources[i])
+            (self.synth if g == "kernelsynth" else groups.setdefault(g, [])).append(j)
+        self.groups = list(groups.values())
+        # a source group's weight grows with the square root of its points: big archives count more, one short
+        # series (ShampooSales, 36 points) is not drawn as often as 200 accelerometer recordings
+        w = np.array([math.sqrt(sum(self.series[j].size for j in g)) for g in self.groups])
+        self.group_p = w / w.sum() if len(w) else w
+        if not self.groups and not self.synth:
+            raise ValueError(f"no series longer than min_context={fcfg.min_context}")
+
+    def _pick(self) -> np.ndarray:
+        if self.synth and (not self.groups or self.rng.random() < self.f.synth):
+            return self.series[self.synth[self.rng.integers(len(self.synth))]]
+        g = self.groups[self.rng.choice(len(self.groups), p=self.group_p)]
+        return self.series[g[self.rng.integers(len(g))]]
+
+    def _cut(self, s: np.ndarray, ctx_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        m, n = self.m, s.size
+        lo = min(self.f.min_context, n - 1)
+        hi = n - m.horizon if self.rng.random() < 0.8 and n - m.horizon > lo else n - 1
+        t = int(self.rng.integers(lo, max(lo, hi) + 1))
+        if ctx_len is None:
+            ctx_len = m.context if self.rng.random() < 0.5 else int(self.rng.integers(lo, m.context + 1))
+        ctx = s[max(0, t - ctx_len) : t]
+        tgt = np.full(m.horizon, np.nan)
+        fut = s[t : t + m.horizon]
+        tgt[: fut.size] = fut
+        return ctx, tgt
+
+    def _mix(self) -> tuple[np.ndarray, np.ndarray]:
+        k = int(self.rng.integers(2, 4))
+        w = self.rng.dirichlet([1.5] * k)
+        length = int(self.rng.integers(self.f.min_context, self.m.context + 1))
+        ctx, tgt = np.zeros(length), np.zeros(self.m.horizon)
+        for wi in w:
+            c, t = self._cut(self._pick(), length)
+            c = left_pad([c], length)[0]
+            fin = np.abs(c[np.isfinite(c)])
+            sc = float(fin.mean()) if fin.size and fin.mean() > 0 else 1.0
+            ctx, tgt = ctx + wi * c / sc, tgt + wi * t / sc
+        return ctx, tgt
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(z ``[B, context]``, observed, normalised targets ``[B, horizon]`` with NaN where missing)."""
+        ctxs, tgts = [], []
+        for _ in range(self.f.batch):
+            c, t = self._mix() if self.rng.random() < self.f.mixup else self._cut(self._pick())
+            ctxs.append(c)
+            tgts.append(t)
+        z, obs, loc, scale = normalise(left_pad(ctxs, self.m.context), self.m.context)
+        y = np.clip((np.stack(tgts) - loc[:, None]) / scale[:, None], -Z_CLIP, Z_CLIP)
+        return torch.from_numpy(z).float(), torch.from_numpy(obs).float(), torch.from_numpy(y).float()
+
+
+def quantile_loss(out: torch.Tensor, y: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """Mean pinball loss over the observed targets: ``out [B, H, K]``, ``y [B, H]`` (NaN = missing)."""
+    valid = torch.isfinite(y)
+    diff = torch.where(valid, y, torch.zeros_like(y))[..., None] - out
+    loss = torch.maximum(levels * diff, (levels - 1) * diff).mean(-1)
+    return (loss * valid).sum() / valid.sum().clamp(min=1)
+
+
+def fit(
+    model: PatchForecaster,
+    series: Sequence[np.ndarray],
+    sources: Sequence[str],
+    fcfg: FitConfig,
+    log_path: str | None = None,
+    quiet: bool = True,
+    checkpoint: Callable[[int], None] | None = None,
+    checkpoint_every: int = 1000,
+) -> dict[str, Any]:
+    """Train ``model`` in place on windows of ``series``; returns the last metrics line (the lines also go to
+    ``log_path`` as JSON lines). ``checkpoint(step)`` runs every ``checkpoint_every`` steps."""
+    if fcfg.threads:
+        torch.set_num_threads(fcfg.threads)
+    torch.manual_seed(fcfg.seed)
+    random.seed(fcfg.seed)
+    data = Windows(series, sources, model.cfg, fcfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=fcfg.lr, weight_decay=fcfg.weight_decay)
+    levels = torch.tensor(model.cfg.quantiles)
+    t0, step, losses, last = time.time(), 0, [], {}
+    lines: list[str] = []
+    model.train()
+    while True:
+        frac = (time.time() - t0) / (60 * fcfg.minutes) if fcfg.minutes > 0 else step / max(fcfg.steps, 1)
+        if frac >= 1:
+            break
+        step += 1
+        lr = fcfg.lr * min(1.0, step / max(fcfg.warmup, 1)) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        z, obs, y = data.batch()
+        loss = quantile_loss(model(z, obs), y, levels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if checkpoint is not None and step % checkpoint_every == 0:
+            checkpoint(step)
+            model.train()
+        if step % fcfg.log_every == 0:
+            last = {"step": step, "loss": float(np.mean(losses)), "lr": lr, "elapsed_s": round(time.time() - t0, 1)}
+            losses = []
+            lines.append(json.dumps(last))
+            if not quiet:
+                print(lines[-1], flush=True)
+            if log_path:
+                fs.write_text(log_path, "\n".join(lines) + "\n")
+    if losses:
+        last = {"step": step, "loss": float(np.mean(losses)), "lr": lr, "elapsed_s": round(time.time() - t0, 1)}
+        lines.append(json.dumps(last))
+    if log_path:
+        fs.write_text(log_path, "\n".join(lines) + "\n")
+    model.eval()
+    return last
+
+
+def pretrain_default(corpus: str, out: str, minutes: float, seed: int = 0, threads: int = 1) -> dict[str, Any]:
+    """The recipe of the shipped weights: KernelSynth 30 %, TSMixup 20 %, the rest real series (source groups
+    weighted by the square root of their points), batch 96, lr 1e-3 cosine to 1e-4, ``minutes`` of wall time (one
+    torch thread: on a shared 2-core machine two threads were 9x slower per step)."""
+    from pretrain.timeseries.corpus import load as load_corpus
+
+    series, sources = load_corpus(corpus)
+    torch.manual_seed(seed)
+    model = PatchForecaster(PatchConfig())
+    fcfg = FitConfig(minutes=minutes, batch=96, lr=1e-3, warmup=200, mixup=0.2, synth=0.3, seed=seed,
+                     threads=threads, log_every=100)  # fmt: skip
+    meta = {"corpus": corpus, "fit": dataclasses.asdict(fcfg), "series": len(series)}
+    last = fit(model, series, sources, fcfg, log_path=out + ".metrics.jsonl", quiet=False,
+               checkpoint=lambda step: save(model, out, meta | {"step": step}))  # fmt: skip
+    meta["last"] = last
+    save(model, out, meta)
+    return meta
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", default=".cache/ts_corpus/corpus.npz")
+    ap.add_argument("--out", default=str(DEFAULT_WEIGHTS))
+    ap.add_argument("--minutes", type=float, default=40.0, help="wall-clock training budget")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    print(json.dumps(pretrain_default(args.corpus, args.out, args.minutes, args.seed, args.threads)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
