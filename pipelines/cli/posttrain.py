@@ -110,7 +110,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ag.add_argument("--config", default="debug", help="recipe name (posttrain/agentic/rl.py)")
     ag.add_argument("--out", required=True, help="run directory (traces.sqlite, metrics.jsonl, checkpoint/, policy/)")
     ag.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint after a crash / kill -9")
-    add_set(ag, "steps=2, engine=hf")
+    add_set(ag, "steps=2, engine.kind=hf, policy.path=DIR, tasks=tasks.jsonl")
     ag.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     ag.set_defaults(func=run_agentic_cmd)
 
@@ -162,9 +162,10 @@ def run_gateway(args: argparse.Namespace) -> int:
 
 
 def run_agentic_cmd(args: argparse.Namespace) -> int:
-    from posttrain.agentic.rl import RECIPES, run_agentic
+    from posttrain.agentic.rl import RECIPES, resolve, run_agentic
+    from posttrain.rl.engines import EngineRefused
 
-    if (cfg := recipe_config(RECIPES, args)) is None:
+    if (cfg := recipe_config(RECIPES, args, finish=resolve, refused=(EngineRefused,))) is None:
         return 0
     metrics = run_agentic(cfg, args.out, resume=args.resume)
     print(json.dumps(metrics, default=str))
@@ -223,8 +224,13 @@ def run_rl(args: argparse.Namespace) -> int:
     if cfg is None:
         return 0
     from posttrain.rl.loop import run
+    from posttrain.rollout.scheduler import Starved
 
-    rows = run(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+    try:
+        rows = run(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+    except Starved as e:
+        print(f"\nerror: posttrain rl stopped, {e}", file=sys.stderr)
+        return 3
     if rows:
         last = rows[-1]
         print(f"step {last['step']}: reward {last['reward']:.3f}, policy at {args.out}/policy")

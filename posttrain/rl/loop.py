@@ -115,6 +115,18 @@ def run_stage(
         if not resume and (warm := stage.warmup()) is not None:
             run_dir.log({"step": 0, **warm})
         bar = _bar(progress, stage.steps, start, stage.name)
+        postfix: dict[str, str] = {}
+        if bar is not None and (sched := getattr(stage, "sched", None)) is not None:
+            drawn = [0.0]
+
+            def show_drop(dropped: int, in_a_row: int) -> None:  # as it happens, not once a batch is complete
+                postfix["dropped"] = f"{dropped} ({in_a_row} in a row)"
+                bar.set_postfix(postfix, refresh=False)
+                if time.monotonic() - drawn[0] >= 1.0:  # at most one redraw a second
+                    drawn[0] = time.monotonic()
+                    bar.refresh()
+
+            sched.on_drop = show_drop
         for step in range(start + 1, stage.steps + 1):
             t0 = time.perf_counter()
             batch = stage.collect()
@@ -129,7 +141,8 @@ def run_stage(
             run_dir.save_checkpoint(lambda f, c=ckpt: torch.save(c, f))
             rows.append(row)
             if bar is not None:
-                bar.set_postfix(reward=f"{row.get('reward', float('nan')):.3f}")
+                postfix["reward"] = f"{row.get('reward', float('nan')):.3f}"
+                bar.set_postfix(postfix, refresh=False)
                 bar.update(1)
             if on_step is not None:
                 on_step(step, row)

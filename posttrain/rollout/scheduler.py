@@ -9,7 +9,10 @@ One learner step's worth of data is collected like this (``PartialRolloutSchedul
    room;
 3. step the engine; score each finished trajectory with the verifier; a group whose samples all
    finished is *complete*: stale members restart, a group with all-identical rewards is dropped
-   (DAPO) and replaced by the next prompt, the rest join the batch;
+   (DAPO) and replaced by the next prompt, the rest join the batch. A filter that drops every group
+   (a task the policy cannot solve, or has saturated) would sample forever: past ``starve_after_s``
+   seconds (or ``starve_after_groups`` groups) of drops with no group kept, ``collect`` raises
+   :class:`Starved`, whose message says what to change; ``on_drop`` reports each drop as it happens;
 4. once ``batch_target`` groups are complete, **pause**: in-flight trajectories come back with their
    tokens, logprobs and per-token versions, and wait (held here, checkpointable) while the learner
    trains; ``sync`` then loads the new weights into the engine with ``version + 1``.
@@ -23,6 +26,7 @@ in flight across a weight sync, so every token is on-policy and the engine idles
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -79,6 +83,12 @@ class SchedulerConfig:
     """Partial mode: cap on incomplete groups (0 = as many as the engine has room for)."""
     max_engine_steps: int = 1_000_000
     """Safety bound on engine steps per ``collect`` (a task that never finishes raises instead of hanging)."""
+    starve_after_s: float = 120.0
+    """Stop (:class:`Starved`) once complete groups have been dropped for this many seconds of collecting with
+    none kept in between: every group dropped means the policy solves none of the prompts (or all of them), and
+    without this the run samples until ``max_engine_steps`` and prints nothing. 0 = never."""
+    starve_after_groups: int = 0
+    """The same stop after this many groups dropped in a row (0 = no count limit)."""
 
 
 @dataclass
@@ -110,6 +120,34 @@ _TOTAL_KEYS = (
     "finished_tokens",
     "stale_masked_tokens",
 )
+
+
+class Starved(RuntimeError):
+    """Every complete group was dropped for longer than the scheduler's starvation limit: no batch can form."""
+
+
+def starved_message(reason: str, groups: int, seconds: float, rewards: dict[float, int], cfg: SchedulerConfig) -> str:
+    """What the run did and what to change: the stop's message (the CLI prints it and exits non-zero)."""
+    seen = ", ".join(f"{r:g} ×{n}" for r, n in sorted(rewards.items()))
+    lines = [
+        f"starved: {groups} complete groups in a row were dropped by the {reason} filter over {seconds:.0f} s of "
+        f"collecting (group rewards: {seen}); none was kept, so no batch can form.",
+    ]
+    if rewards and max(rewards) <= 0:
+        lines.append(
+            "Every sample scored 0: the policy solves none of these prompts. Give it a task it can partly solve "
+            "(easier rows in task.jsonl; a verifier its answers can pass, task.verifier=...), longer answers "
+            "(sampling.max_new_tokens), or warm it up first (scifolio posttrain sft)."
+        )
+    elif rewards and min(rewards) >= 1:
+        lines.append("Every sample scored 1: the policy has saturated this task; give it harder prompts.")
+    lines.append(
+        f"Or: more samples per prompt make a mixed group likelier (scheduler.group_size={cfg.group_size}); "
+        "scheduler.dapo=false trains on uniform groups anyway (zero advantage, no signal); "
+        f"the limit is scheduler.starve_after_s={cfg.starve_after_s:g} / scheduler.starve_after_groups="
+        f"{cfg.starve_after_groups} (0 = never)."
+    )
+    return "\n".join(lines)
 
 
 def _prompt_of(t: Trajectory) -> Prompt:
@@ -153,6 +191,14 @@ class PartialRolloutScheduler:
         """Complete groups beyond ``batch_target`` (trained at the next step; batches keep a fixed size)."""
         """Request ids restarted after a stale discard and not finished yet."""
         self.totals = dict.fromkeys(_TOTAL_KEYS, 0)
+        self.on_drop: Callable[[int, int], None] | None = None
+        """Called at every dropped group with (groups dropped this run, dropped in a row): the progress bar."""
+        self._streak = 0
+        """Complete groups dropped since the last one kept (the starvation stop's count)."""
+        self._streak_s = 0.0
+        """Seconds of collecting, in earlier ``collect`` calls, since the streak's first drop (learner time excluded)."""
+        self._streak_since = 0.0
+        self._streak_rewards: dict[float, int] = {}
 
     # -- the cycle ------------------------------------------------------------------------------------
     def collect(self) -> Batch:
@@ -161,6 +207,7 @@ class PartialRolloutScheduler:
         before = dict(self.totals)
         self._resume_paused()
         self._dropped = []
+        self._streak_since = time.monotonic()
         ready: list[list[Trajectory]] = []
         carried, self._carry = self._carry, []
         for members in carried:  # complete groups left over from the last batch: re-checked for staleness
@@ -179,6 +226,8 @@ class PartialRolloutScheduler:
             self.totals["sampled_tokens"] += out.n_decoded
             for t in out.finished:
                 self._on_finished(t, ready)
+        if self._streak:
+            self._streak_s += time.monotonic() - self._streak_since
         self._paused = self.engine.pause()
         ready, self._carry = ready[: cfg.batch_target], ready[cfg.batch_target :]  # fixed batch size
         if not cfg.partial and self._paused:
@@ -292,8 +341,25 @@ class PartialRolloutScheduler:
             self.totals["dapo_dropped_groups"] += 1
             self.totals["dapo_dropped_tokens"] += sum(m.n_tokens for m in members)
             self._dropped += [m.request_id for m in members]
+            self._starving("DAPO (identical rewards)", members[0].reward)
             return
+        self._streak, self._streak_s, self._streak_rewards = 0, 0.0, {}
         ready.append(members)
+
+    def _starving(self, reason: str, reward: float) -> None:
+        """One more group dropped with none kept since the streak began: report it; past the limit, stop."""
+        now = time.monotonic()
+        if self._streak == 0:
+            self._streak_since = now
+        self._streak += 1
+        self._streak_rewards[reward] = self._streak_rewards.get(reward, 0) + 1
+        if self.on_drop is not None:
+            self.on_drop(self.totals["dapo_dropped_groups"], self._streak)
+        cfg, seconds = self.config, self._streak_s + now - self._streak_since
+        if (cfg.starve_after_s and seconds >= cfg.starve_after_s) or (
+            cfg.starve_after_groups and self._streak >= cfg.starve_after_groups
+        ):
+            raise Starved(starved_message(reason, self._streak, seconds, self._streak_rewards, cfg))
 
     def _account(self, ready: list[list[Trajectory]], before: dict[str, int]) -> dict[str, float]:
         trajs = [t for g in ready for t in g]

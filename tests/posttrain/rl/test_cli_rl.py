@@ -180,3 +180,28 @@ def test_ray_local_two_engine_workers_reproduces_the_in_process_run(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert rows(on_ray, "trained.jsonl") == rows(local, "trained.jsonl")
     assert [r["reward"] for r in rows(on_ray)] == [r["reward"] for r in rows(local)]
+
+
+def test_a_task_the_policy_cannot_solve_stops_with_advice_not_silence(tmp_path, capsys):
+    """DAPO drops every all-zero group; the bar shows the drops as they happen and the run stops (exit 3) once
+    it has dropped groups for ``scheduler.starve_after_s`` seconds with none kept, saying what to change."""
+    from pipelines.cli import main
+
+    task = tmp_path / "impossible.jsonl"
+    rows = [
+        {"id": f"q{i}", "prompt": f"Say the number {i}:", "answer": "seven hundred and twelve thousand"}
+        for i in range(8)
+    ]
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sets = ["task.name=jsonl", f"task.jsonl={task}", "task.verifier=exact", "scheduler.starve_after_s=2", "steps=3"]
+    argv = ["posttrain", "rl", "--config", "debug", "--out", str(tmp_path / "run")]
+    t0 = time.perf_counter()
+    assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 3
+    assert time.perf_counter() - t0 < 60
+    err = capsys.readouterr().err
+    assert "dropped=1 (1 in a row)" in err  # the progress bar, before any step completed
+    assert "error: posttrain rl stopped, starved:" in err and "dropped by the DAPO (identical rewards) filter" in err
+    assert "Every sample scored 0: the policy solves none of these prompts" in err
+    assert "scheduler.dapo=false" in err and "scheduler.starve_after_s=2" in err
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert not metrics.exists() or not metrics.read_text().strip()  # no step was trained

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from posttrain.rollout.engines.scripted import ScriptedEngine, scripted_logprob
-from posttrain.rollout.scheduler import PartialRolloutScheduler, Prompt, SchedulerConfig, SyncScheduler
+from posttrain.rollout.scheduler import PartialRolloutScheduler, Prompt, SchedulerConfig, Starved, SyncScheduler
 from posttrain.rollout.types import SamplingParams, Trajectory
 
 
@@ -179,6 +179,56 @@ def test_dapo_drops_identical_groups_and_replaces_them():
     assert len(b.groups) == 3
     assert all(len({t.reward for t in g}) > 1 for g in b.groups)
     assert b.stats["dapo_dropped_groups"] >= 2
+
+
+def test_dapo_dropping_every_group_stops_with_advice_and_reports_each_drop():
+    engine = ScriptedEngine(capacity=8, length_fn=lambda t: 1)
+    cfg = SchedulerConfig(batch_target=2, group_size=2, dapo=True, starve_after_s=0, starve_after_groups=5)
+    sched = PartialRolloutScheduler(engine, ListSource([[1, 1]]), lambda t: 0.0, SamplingParams(), cfg)
+    seen = []
+    sched.on_drop = lambda dropped, in_a_row: seen.append((dropped, in_a_row))
+    with pytest.raises(Starved) as e:
+        sched.collect()
+    assert seen == [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5)]  # reported as they happen, stopped at the limit
+    msg = str(e.value)
+    assert "5 complete groups in a row were dropped by the DAPO" in msg and "group rewards: 0 ×5" in msg
+    assert "solves none of these prompts" in msg and "scheduler.dapo=false" in msg
+    assert "scheduler.starve_after_groups=5" in msg
+
+
+def test_a_kept_group_resets_the_starvation_count():
+    # Groups alternate all-zero (dropped) and mixed (kept): 1 drop in a row at most, never a stop.
+    engine = ScriptedEngine(capacity=8, length_fn=lambda t: 1)
+
+    def reward(t: Trajectory) -> float:
+        return 0.0 if int(t.group_id[1:]) % 2 == 0 else float(int(t.request_id[-1]) % 2)
+
+    cfg = SchedulerConfig(batch_target=3, group_size=2, dapo=True, partial=False, starve_after_groups=2)
+    sched = PartialRolloutScheduler(engine, ListSource([[1, 1]]), reward, SamplingParams(), cfg)
+    streaks = []
+    sched.on_drop = lambda dropped, in_a_row: streaks.append(in_a_row)
+    for _ in range(4):
+        assert len(sched.collect().groups) == 3
+        sched.sync({}, sched.version + 1)
+    assert len(streaks) >= 8 and set(streaks) == {1}
+
+
+def test_starvation_time_limit_counts_collecting_only(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr("posttrain.rollout.scheduler.time.monotonic", lambda: clock[0])
+    engine = ScriptedEngine(capacity=2, length_fn=lambda t: 1)
+
+    def reward(t: Trajectory) -> float:  # the first 3 groups mixed, every later one all-zero
+        clock[0] += 10.0  # each finished sample "takes" 10 s
+        return float(int(t.request_id[-1]) % 2) if int(t.group_id[1:]) < 3 else 0.0
+
+    cfg = SchedulerConfig(batch_target=3, group_size=2, dapo=True, partial=False, starve_after_s=95)
+    sched = PartialRolloutScheduler(engine, ListSource([[1, 1]]), reward, SamplingParams(), cfg)
+    sched.collect()
+    sched.sync({}, 1)
+    clock[0] += 1000.0  # a long learner step is not starvation
+    with pytest.raises(Starved, match=r"dropped by the DAPO .* over 100 s"):
+        sched.collect()
 
 
 def test_sync_scheduler_never_leaves_work_in_flight():
