@@ -16,7 +16,7 @@ from parsing.backends import LayoutBackend, ParsedPage, YoloBackend, make_backen
 from parsing.config import ParseConfig
 from parsing.crops import crop_blocks, render_page
 from parsing.geometry import area
-from parsing.postprocess import refine_blocks
+from parsing.postprocess import refine_blocks, vet_proposals
 
 if TYPE_CHECKING:
     import pymupdf
@@ -210,14 +210,19 @@ def parse_window(
 def fused_blocks(
     page: pymupdf.Page, blocks: list[Block], proposals: Sequence[tuple[str, Block]], voters: Sequence[str]
 ) -> list[Block]:
-    """The rules' blocks fused with the detectors' proposals (``parsing.fusion.FITTED``)."""
+    """The rules' blocks fused with the detectors' proposals (``parsing.fusion.FITTED``), the proposals first
+    read against the text layer like the rules' own blocks (``postprocess.vet_proposals``)."""
     import pymupdf
 
     from parsing.fusion import FITTED, fuse_blocks
 
     ran = ["rules", *voters]
     return fuse_blocks(
-        blocks, proposals, FITTED, ran, lambda box: page.get_text("text", clip=pymupdf.Rect(box)).strip()
+        blocks,
+        vet_proposals(page, proposals),
+        FITTED,
+        ran,
+        lambda box: page.get_text("text", clip=pymupdf.Rect(box)).strip(),
     )
 
 

@@ -30,8 +30,9 @@ set and the samples, the causes were:
   band spanning half the page width, without a caption, are dropped (``is_furniture``);
 - **raster pictures the layout model missed** (a QR code): images at least ``_MIN_IMAGE_SIDE`` points on
   both sides, with no text over them, that no visual covers become figures (``add_raster_figures``);
-- **prose boxed as an equation** (a running header, table-of-contents lines): an equation box with no math
-  font, no math symbol and mostly words is text (``demote_prose_equations``);
+- **prose boxed as an equation** (a running header, table-of-contents lines, a coloured section heading):
+  an equation box with no math font, no math symbol and mostly words (three or more, or on one row one
+  word that is no operator name) is text (``demote_prose_equations``);
 - **one display equation in several boxes** (one per line of a derivation): adjacent equation boxes with
   nothing between them are one box per line group (``merge_equation_lines``);
 - **display equations read as text or missed**: a right-aligned "(n)" after an indented math-font line
@@ -44,7 +45,12 @@ set and the samples, the causes were:
 - **table vs figure vs framed text**: a "table" with no text inside is a picture, a visual whose labelled
   caption says "Figure n" is a figure, one whose caption says "Table n" over a text-cell grid is a table,
   a "table" of shapes with a few labels is a figure, and a "table" with no rows of cells and no inner
-  rules or mostly running text (a theorem box) is text (``fix_visual_kinds``).
+  rules or mostly running text (a theorem box) is text, and so is a "table" holding sentences (a theorem
+  with a matrix in it) or a table of contents (page numbers, dot leaders) (``fix_visual_kinds``);
+- **the detector's votes on a digital page** (issue 39: the DocLayNet detector boxes coloured headings as
+  formulas, a contents page or a theorem as a table): its proposals are read by the same two rules before
+  they vote (``postprocess.vet_proposals``, used by ``core.fused_blocks``); a page without a text layer
+  keeps them as they are.
 """
 
 from __future__ import annotations
@@ -68,6 +74,12 @@ _MATH_FONT = re.compile(
 _MATH_CHARS = set("=<>≤≥≠≈∼≃≡∝±∓×÷·∑∏∫∮∂∇√∞∈∉⊂⊃⊆⊇∪∩∧∨¬∀∃→←↔⇒⇐⇔↦∘⊕⊗∥⊥∠°′″^_|") | {chr(c) for c in range(0x391, 0x3CA)}
 _WORD = re.compile(r"[^\W\d_]{2,}")
 _LEADER = re.compile(r"(\.\s*){3,}")
+_OPERATOR_NAMES = frozenset(
+    "sinh cosh tanh coth arcsin arccos arctan grad curl diag rank sign trace span supp ker coker hom "
+    "card conv dist vol prob".split()
+)
+"""Words of four letters or more that a formula set in a text font may hold: not a heading's words."""
+_PAGE_NUMBER = re.compile(r"^[0-9]{1,4}$|^[ivxlc]{1,6}$", re.I)
 _EQ_NUMBER = re.compile(r"^\(\s*[0-9]+(\.[0-9]+)*[a-z]?\s*\)$|^\(\s*[A-Z]?[0-9]+(\.[0-9]+)*[a-z]?\s*\)$")
 _FIGURE_LABEL = re.compile(r"^\s*(figure|fig\.|fig\s|scheme|chart|plate|abbildung|abb\.)", re.I)
 _TABLE_LABEL = re.compile(r"^\s*(table|tab\.|tabelle)\s*[0-9IVX]", re.I)
@@ -251,11 +263,27 @@ def is_furniture(b: Block, blocks: list[Block], info: PageInfo) -> bool:
     return (x1 - x0) >= 0.5 * info.width
 
 
+def _rows(lines: list[Line]) -> list[list[Line]]:
+    """``lines`` grouped into rows (lines on one baseline: vertical overlap >= 0.6), top to bottom, each row
+    left to right."""
+    rows: list[list[Line]] = []
+    for ln in sorted(lines, key=lambda x: (x.bbox[1], x.bbox[0])):
+        if rows and _vertical_overlap(rows[-1][0].bbox, ln.bbox) >= 0.6:
+            rows[-1].append(ln)
+        else:
+            rows.append([ln])
+    for r in rows:
+        r.sort(key=lambda x: x.bbox[0])
+    return rows
+
+
 def is_prose(box: BBox, info: PageInfo) -> bool:
     """True when the text layer under ``box`` reads as words, not mathematics: no math font, no math symbol,
-    at least three words, and words make most of the characters (dot leaders aside): a running header, a
-    table-of-contents line, a sentence. Publishers' fonts with private encodings ("5" for "=") fail the last
-    test: their symbols and one-letter variables are not words."""
+    and words make most of the characters (dot leaders aside), with at least three words (a running header,
+    a table-of-contents line, a sentence) or, on one row, one word of four letters or more that is no
+    operator name (a section heading: "1 Topologische Grundbegriffe 2", "Bildquellen 105"). Publishers'
+    fonts with private encodings ("5" for "=") fail the words test: their symbols and one-letter variables
+    are not words."""
     lines = [ln for ln in info.lines if containment(ln.bbox, box) >= 0.5]
     if not lines:
         return False  # no text layer here (a picture of an equation): the detector decides
@@ -264,7 +292,8 @@ def is_prose(box: BBox, info: PageInfo) -> bool:
     text = _LEADER.sub(" ", " ".join(ln.text for ln in lines))
     words = _WORD.findall(text)
     chars = sum(1 for c in text if not c.isspace())
-    return len(words) >= 3 and sum(len(w) for w in words) >= 0.6 * chars
+    heading = len(_rows(lines)) == 1 and any(len(w) >= 4 and w.lower() not in _OPERATOR_NAMES for w in words)
+    return (len(words) >= 3 or heading) and sum(len(w) for w in words) >= 0.6 * chars
 
 
 def demote_prose_equations(blocks: list[Block], info: PageInfo) -> list[Block]:
@@ -556,10 +585,44 @@ def is_framed_text(box: BBox, info: PageInfo) -> bool:
     return cell_rows(box, info) < 3 and (not ruled or wide_text_fraction(box, info) >= 0.15)
 
 
+def is_contents(box: BBox, info: PageInfo) -> bool:
+    """A "table" that is a table of contents (or an index): three rows or more, most of them (60%) words
+    ending in a page number at the box's right edge, and dot leaders in two rows or more (a fifth of them).
+    A table's rows hold several cells of numbers; a contents row holds one title and one page number."""
+    rows = _rows([ln for ln in info.lines if containment(ln.bbox, box) >= 0.5])
+    if len(rows) < 3:
+        return False
+    entries = leaders = 0
+    for r in rows:
+        text = " ".join(ln.text for ln in r)
+        leaders += bool(_LEADER.search(text))
+        tokens = _LEADER.sub(" ", text).split()
+        if (
+            len(tokens) >= 2
+            and _PAGE_NUMBER.match(tokens[-1])
+            and _WORD.search(" ".join(tokens[:-1]))
+            and r[-1].bbox[2] >= box[2] - 3 * info.line_height
+        ):
+            entries += 1
+    return entries >= max(3, 0.6 * len(rows)) and leaders >= max(2, 0.2 * len(rows))
+
+
+def holds_prose(box: BBox, info: PageInfo) -> bool:
+    """A "table" that holds running text (a theorem or proposition set apart, with a formula or a matrix
+    whose entries look like cells): three lines or more of five words or more, each spanning half the box,
+    making at least a quarter of its rows. A table's cells wrap inside their column; a sentence runs across."""
+    inside = [ln for ln in info.lines if containment(ln.bbox, box) >= 0.5]
+    width = box[2] - box[0]
+    prose = [ln for ln in inside if len(_WORD.findall(ln.text)) >= 5 and ln.bbox[2] - ln.bbox[0] >= 0.5 * width]
+    return len(prose) >= 3 and len(prose) >= 0.25 * len(_rows(inside))
+
+
 def fix_visual_kinds(blocks: list[Block], info: PageInfo) -> list[Block]:
     """Table vs figure from the caption label and the content: a visual captioned "Figure n" is a figure; one
     captioned "Table n" that holds a grid of text lines (three rows or more) is a table; a "table" with no
-    text inside is a picture."""
+    text inside is a picture, and so is one whose text holds no letter or digit (marks in a diagram); a
+    "table" without a "Table n" caption that is a drawing is a figure, and one that is framed text, holds
+    running text or is a table of contents is text."""
     out = []
     for b in blocks:
         if b.kind in ("figure", "table"):
@@ -574,7 +637,13 @@ def fix_visual_kinds(blocks: list[Block], info: PageInfo) -> list[Block]:
                 b = dataclasses.replace(b, kind="table")
             elif b.kind == "table" and not _TABLE_LABEL.match(cap) and is_drawing(b.bbox, info):
                 b = dataclasses.replace(b, kind="figure", html=None)
-            elif b.kind == "table" and not _TABLE_LABEL.match(cap) and is_framed_text(b.bbox, info):
+            elif b.kind == "table" and inside and not any(c.isalnum() for ln in inside for c in ln.text):
+                b = dataclasses.replace(b, kind="figure", html=None)
+            elif (
+                b.kind == "table"
+                and not _TABLE_LABEL.match(cap)
+                and (is_framed_text(b.bbox, info) or holds_prose(b.bbox, info) or is_contents(b.bbox, info))
+            ):
                 b = dataclasses.replace(b, kind="text", text="\n".join(ln.text for ln in inside), html=None)
         out.append(b)
     return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from formats.records import CROPPED_KINDS, Block
@@ -309,6 +310,26 @@ def refine_blocks(page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayLi
         out.append(b)
     out = [b for b in out if not rules.is_furniture(b, out, info)]
     return _renumber(out, link, replaced, h)
+
+
+def vet_proposals(page: pymupdf.Page, proposals: Sequence[tuple[str, Block]]) -> list[tuple[str, Block]]:
+    """Other detectors' (source, block) proposals read against the page's text layer by the same rules as the
+    backend's blocks (``layout_rules.fix_visual_kinds``, ``demote_prose_equations``), before they vote: a
+    detector's "equation" over a heading or a contents line, or its "table" over a theorem or a table of
+    contents, is text and proposes nothing. On a page without a text layer (a scan) the rules that read text
+    leave the proposals as they are."""
+    if not any(b.kind in ("table", "equation", "figure") for _, b in proposals):
+        return list(proposals)
+    text = page.get_text("dict", flags=0)
+    if not any(block.get("lines") for block in text["blocks"]):
+        return list(proposals)
+    graphics, _, paths = page_elements(page, text)
+    info = rules.page_info(page, graphics, paths, text)
+    out = []
+    for src, b in proposals:
+        (v,) = rules.demote_prose_equations(rules.fix_visual_kinds([b], info), info)
+        out.append((src, v))
+    return out
 
 
 def _continues_any(lines: list[BBox], blocks: list[BBox], line_height: float) -> list[bool]:
