@@ -487,7 +487,8 @@ class YoloBackend:
         """Start detecting ``page_indices`` for fusion; the returned call waits and gives each page's figure,
         table and equation blocks (with scores, in ``parse``'s order, without text: fusion reads the text
         layer itself). The pages are rendered now, on this thread (PyMuPDF is not thread-safe; ~5 ms and
-        ~2.4 MB a page); the network runs on this backend's own thread while the caller runs the main
+        ~2.4 MB a page; the parse worker has rendered each once already under the page timeout, so none
+        hangs here); the network runs on this backend's own thread while the caller runs the main
         backend, so MinerU (about one core) and the detector use both cores, and both threads finish the
         detector's pages once the main backend is done. A page whose render or inference fails is left out: it
         costs the page its proposals, never the page."""

@@ -70,6 +70,21 @@ class Rendered(NamedTuple):
     height: float
 
 
+def render(page: pymupdf.Page) -> Rendered:
+    """The page as RGB pixels, its longer side the detector's input size, with what maps boxes back to PDF
+    points. PyMuPDF is not thread-safe: call this on the thread that owns the document. The parse worker
+    calls it once per page in a supervised helper first (``parsing.helpers._probe``): a page whose render never
+    ends is quarantined there and never reaches this call on the worker's own thread."""
+    import numpy as np
+    import pymupdf
+
+    w, h = page.rect.width, page.rect.height
+    zoom = INPUT_SIZE / max(w, h)
+    pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False, colorspace=pymupdf.csRGB)
+    img = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.width, 3)
+    return Rendered(img, zoom, w, h)
+
+
 class WeightsUnavailable(RuntimeError):
     """The pinned weights are not installed (or differ); ``parsing.backends`` reports it as BackendUnavailable."""
 
@@ -192,17 +207,10 @@ class YoloLayout:
         """Pages ``infer`` sends through the network at once (1 for a graph exported for batch 1)."""
         return self.batch if self._batched else 1
 
-    def render(self, page: pymupdf.Page) -> Rendered:
-        """The page as RGB pixels, its longer side the input size, with what maps boxes back to PDF points.
-        PyMuPDF is not thread-safe: call this on the thread that owns the document."""
-        import numpy as np
-        import pymupdf
-
-        w, h = page.rect.width, page.rect.height
-        zoom = INPUT_SIZE / max(w, h)
-        pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), alpha=False, colorspace=pymupdf.csRGB)
-        img = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.width, 3)
-        return Rendered(img, zoom, w, h)
+    @staticmethod
+    def render(page: pymupdf.Page) -> Rendered:
+        """See ``render``."""
+        return render(page)
 
     def infer(self, rendered: Sequence[Rendered]) -> list[list[tuple[str, BBox, float]]]:
         """For each rendered page (``render``): [(kind, bbox in PDF points, score)], highest score first.

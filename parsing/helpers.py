@@ -12,7 +12,7 @@ The parse worker (``parsing.worker``) owns them::
 
     helpers = Helpers(finishers=2)
     helpers.open(pdf_path, document)                      # once per document
-    lane = helpers.backend(window, config)                # -> Future[([(page, ParsedPage | Dropped)], rss_mb)]
+    lane = helpers.backend(window, config, scans)         # -> Future[([(page, ParsedPage | Dropped)], rss_mb)]
                                                           #    (config.backend_lanes processes)
     fut = helpers.finish(page_index, parsed, config)      # -> Future[(Page | Dropped, rss_mb)]
     helpers.close()
@@ -86,11 +86,23 @@ def _finish(
     return finish_page(doc[index], document, parsed, config), rss_mb()
 
 
-def _probe(path: str, document: Document, index: int) -> tuple[bool, float]:
+def _probe(path: str, document: Document, index: int, scan: bool) -> tuple[bool, float]:
+    """Whether the page is a scan (``core.is_scanned``, when ``scan``), after rendering it once as the layout
+    detector does. Between them they read the whole page (its content stream; its images decoded, its patterns
+    and shadings drawn), so a page whose content or pixels never end hangs here, under the page timeout
+    (``worker._Tracker``), and never reaches a render or parse on the worker's own thread. A render that fails
+    is left to the steps after (the detector skips the page, its crops quarantine it)."""
     from parsing.core import is_scanned
+    from parsing.detectors import render
     from parsing.procs import rss_mb
 
-    return is_scanned(_doc(path, document.doc_id)[index]), rss_mb()
+    page = _doc(path, document.doc_id)[index]
+    scanned = scan and is_scanned(page)
+    try:
+        render(page)
+    except Exception:
+        pass
+    return scanned, rss_mb()
 
 
 def _lane_backends() -> BackendSet:
@@ -105,12 +117,13 @@ def _lane_backends() -> BackendSet:
 
 
 def _lane_parse(
-    path: str, document: Document, window: Sequence[int], config: ParseConfig
+    path: str, document: Document, window: Sequence[int], config: ParseConfig, scans: set[int]
 ) -> tuple[list[tuple[int, ParsedPage | Dropped]], float]:
     from parsing.core import backend_window
     from parsing.procs import rss_mb
 
-    return backend_window(_doc(path, document.doc_id), path, document, window, config, _lane_backends()), rss_mb()
+    doc = _doc(path, document.doc_id)
+    return backend_window(doc, path, document, window, config, _lane_backends(), scans), rss_mb()
 
 
 def _ready() -> float:
@@ -165,12 +178,13 @@ class Helpers:
     def open(self, path: str, document: Document) -> None:
         self._path, self._document = path, document
 
-    def backend(self, window: Sequence[int], config: ParseConfig) -> Future[Any]:
-        """The backend's ``backend_window`` result for ``window``, computed in a lane process."""
+    def backend(self, window: Sequence[int], config: ParseConfig, scans: set[int]) -> Future[Any]:
+        """The backend's ``backend_window`` result for ``window`` (pages already probed: ``scans`` are its
+        scanned ones), computed in a lane process."""
         assert self._document is not None, "open() a document first"
         assert config.backend_lanes > 0, "no backend lanes configured"
         pool = self._lane_pool(config.backend_lanes)
-        return pool.submit(_lane_parse, self._path, self._document, list(window), config)
+        return pool.submit(_lane_parse, self._path, self._document, list(window), config, scans)
 
     def finish(self, index: int, parsed: ParsedPage, config: ParseConfig, hang: str | None = None) -> Future[Any]:
         """``core.finish_page`` for one page, in a finisher process (FIFO)."""
@@ -178,11 +192,12 @@ class Helpers:
         self.warm()  # no-op once warm; otherwise the start-up goes first in the queue, where ready() sees it
         return self._finish.submit(_finish, self._path, self._document, index, parsed, config, hang)
 
-    def probe(self, index: int) -> Future[Any]:
-        """``core.is_scanned`` for one page, in a finisher process (FIFO with ``finish``)."""
+    def probe(self, index: int, scan: bool) -> Future[Any]:
+        """``_probe`` (a trial render, and ``core.is_scanned`` when ``scan``) for one page, in a finisher process
+        (FIFO with ``finish``)."""
         assert self._document is not None, "open() a document first"
         self.warm()
-        return self._finish.submit(_probe, self._path, self._document, index)
+        return self._finish.submit(_probe, self._path, self._document, index, scan)
 
     def wait_ready(self) -> None:
         """Start the finishers if needed and wait until they have (spawn + imports: seconds)."""

@@ -9,8 +9,10 @@ The worker runs the layout backend window by window, further windows of a long d
 processes beside it (``ParseConfig.backend_lanes``); box clean-up and crops of each window's pages run in
 finisher processes while the backend parses the next windows (``parsing.helpers``). With the fused layout the
 detector renders a window's pages first and runs its network on a thread while MinerU parses that window
-(``core.backend_window``): MinerU keeps about one core busy, the detector the other; a page that hangs either
-hangs this process, which the parent kills as before.
+(``core.backend_window``): MinerU keeps about one core busy, the detector the other. Before either sees a page,
+a finisher has read its content and rendered it once under the page timeout (``helpers._probe``), so a page
+whose render never ends is quarantined alone; a page that hangs the backend itself hangs this process, which
+the parent kills (and then retries the window's pages one by one).
 
 Messages parent -> worker: a job {"data", "source", "config", "pages", "window", "workdir", "hang"} (answered
 with the messages below, ending with "done"), or {"warm": ParseConfig} (load the backend, start the helpers;
@@ -216,10 +218,11 @@ def _pipelined(
     helpers' lanes; the finishers clean up and crop each window's pages while the backend parses the next
     group. Records go out in page order.
 
-    Every page is first probed (``core.is_scanned``: it reads the page's whole content stream) in a finisher,
-    and finished (clean-up, crops, renders) in one, both under the page timeout (``_Tracker``): a page whose
-    content or render never ends costs the page timeout plus a restart of the finishers, and never reaches
-    the backend. The parent's own deadlines only catch what hangs in this process (the backend itself)."""
+    Every page is first probed (``helpers._probe``: one render as the layout detector makes it, and
+    ``core.is_scanned``, which reads the page's whole content stream) in a finisher, and finished (clean-up,
+    crops, renders) in one, both under the page timeout (``_Tracker``): a page whose content or render never
+    ends costs the page timeout plus a restart of the finishers, and never reaches the backend or the
+    detector's render on this process's thread. The parent's own deadlines only catch what hangs in this process (the backend itself)."""
     from concurrent.futures.process import BrokenProcessPool
 
     from formats.records import Dropped, page_id
@@ -264,13 +267,11 @@ def _pipelined(
             send(("dropped" if isinstance(item, Dropped) else "page", item))
 
     def probe(window: list[int]) -> tuple[set[int], list[tuple[int, Dropped]]]:
-        """Scanned pages of ``window`` and a timeout Dropped for each page whose content never ends."""
-        if not config.ocr_fallback:
-            return set(), []
-        entries = [(i, tracker.submit(lambda i=i: helpers.probe(i))) for i in window]
+        """Scanned pages of ``window`` and a timeout Dropped for each page whose content or render never ends."""
+        entries = [(i, tracker.submit(lambda i=i: helpers.probe(i, config.ocr_fallback))) for i in window]
         scans, hung = set(), []
         for i, entry in entries:
-            r = resolved(entry, i, "reading its content")
+            r = resolved(entry, i, "reading and rendering it")
             if isinstance(r, Dropped):
                 hung.append((i, r))
             elif r:
@@ -283,19 +284,25 @@ def _pipelined(
     try:
         group = 1 + config.backend_lanes
         for k in range(0, len(page_windows), group):
-            mine, *others = page_windows[k : k + group]
-            lanes = [helpers.backend(w, config) for w in others]
-            scans, hung = probe(mine)
-            mine = [i for i in mine if i not in dict(hung)]
+            # Every page of the group is probed first (content read, one render), so that no backend, here or in a
+            # lane, meets a page that hangs: those are quarantined by the finishers' page timeout.
+            probed = []
+            for w in page_windows[k : k + group]:
+                scans, hung = probe(w)
+                probed.append(([i for i in w if i not in dict(hung)], scans, hung))
+            (mine, scans, hung), *others = probed
+            lanes = [(helpers.backend(w, config, s) if w else None, h) for w, s, h in others]
             # The parent's deadline covers the pages the finishers still hold plus this group's windows.
-            send(("window", [i for i, _ in outbox] + [i for w in (mine, *others) for i in w]))
+            send(("window", [i for i, _ in outbox] + [i for w, _, _ in probed for i in w]))
             parsed = backend_window(doc, pdf_path, document, mine, config, backends, scans) if mine else []
             enqueue(sorted(parsed + hung, key=lambda x: x[0]))
             emit(block=False)
-            for lane in lanes:
-                parsed, rss = lane.result()
-                peak = max(peak, rss)
-                enqueue(parsed)
+            for lane, hung in lanes:
+                parsed = []
+                if lane is not None:
+                    parsed, rss = lane.result()
+                    peak = max(peak, rss)
+                enqueue(sorted(parsed + hung, key=lambda x: x[0]))
                 emit(block=False)
         send(("finishing", [i for i, _ in outbox]))
         emit(block=True)

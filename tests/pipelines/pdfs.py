@@ -154,6 +154,63 @@ def hanging_pdf(n_pages: int = 1, hanging: tuple[int, ...] = (0,), depth: int = 
     return _raw_pdf(objs)
 
 
+def _zeros_flate2(n_bytes: int) -> bytes:
+    """``n_bytes`` zero bytes compressed twice with Flate (the first pass is itself runs of equal bytes): about
+    a million to one, so a gigapixel image costs a few hundred bytes of file."""
+    import zlib
+
+    c = zlib.compressobj(9)
+    chunk = bytes(1 << 22)
+    parts = [c.compress(chunk) for _ in range(n_bytes // len(chunk))]
+    parts += [c.compress(bytes(n_bytes % len(chunk))), c.flush()]
+    return zlib.compress(b"".join(parts), 9)
+
+
+def hanging_render_pdf(n_pages: int, hanging: tuple[int, ...], images: int = 400, side: int = 30_000) -> bytes:
+    """A PDF whose pages in ``hanging`` read like any other page (their text and content stream end at once) but
+    take minutes to render: each draws ``images`` distinct 1-bit images of ``side``² pixels, compressed to a few
+    hundred bytes each (``_zeros_flate2``); MuPDF decodes every pixel of each to draw it (about a second per
+    30,000² image here). The other pages carry ordinary text. No hook involved: rendering such a page is where
+    a parse worker's thread used to hang outside the page timeout."""
+    data = _zeros_flate2(side * side // 8)
+    image = _stream(
+        b"/Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace /DeviceGray /BitsPerComponent 1 "
+        b"/Filter [/FlateDecode /FlateDecode]" % (side, side),
+        data,
+    )
+    objs: dict[int, bytes] = {
+        1: b"<< /Type /Catalog /Pages 2 0 R >>",
+        3: b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    }
+    first_image = 10
+    for k in range(images):
+        objs[first_image + k] = image
+    names = b" ".join(b"/Im%d %d 0 R" % (k, first_image + k) for k in range(images))
+    draws = b" ".join(b"q 300 0 0 200 %d %d cm /Im%d Do Q" % (150 + k % 8, 100 + k % 5, k) for k in range(images))
+    kids = []
+    first_page = first_image + images
+    for p in range(n_pages):
+        page_obj, content_obj = first_page + 2 * p, first_page + 2 * p + 1
+        lines = [
+            b"Page %d of a document built to test the page timeout of the parser's renders." % (p + 1),
+            b"Some pages of it draw hundreds of gigapixel images: their text reads at once, their pixels do not.",
+            b"The parser must quarantine those pages after the page timeout and keep all the others.",
+            b"Every other page of the document carries ordinary text like this paragraph.",
+        ]
+        text = b"BT /F0 11 Tf 72 660 Td 14 TL " + b" ".join(b"(%s) Tj T*" % line for line in lines) + b" ET"
+        draw = b" " + draws if p in hanging else b""
+        objs[content_obj] = _stream(b"", text + draw)
+        res = b"/Font << /F0 3 0 R >>" + (b" /XObject << " + names + b" >>" if p in hanging else b"")
+        objs[page_obj] = (
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R /Resources << " % content_obj
+            + res
+            + b" >> >>"
+        )
+        kids.append(b"%d 0 R" % page_obj)
+    objs[2] = b"<< /Type /Pages /Kids [" + b" ".join(kids) + b"] /Count %d >>" % n_pages
+    return _raw_pdf(objs)
+
+
 def zero_pages_pdf() -> bytes:
     return _raw_pdf({1: b"<< /Type /Catalog /Pages 2 0 R >>", 2: b"<< /Type /Pages /Kids [] /Count 0 >>"})
 

@@ -85,3 +85,31 @@ def test_build_quarantines_a_hanging_pdf_within_the_page_timeout(tmp_path: Path,
     assert extra <= PAGE_TIMEOUT + SLACK, (
         f"the hanging PDF added {extra:.1f} s (builds: {t_normal:.1f} s, {t_both:.1f} s)"
     )
+
+
+def test_pages_that_hang_the_renderer_cost_their_pages_not_the_document(tmp_path: Path):
+    """The default parser (MinerU + the fused layout, whose detector renders every page) on a 15-page PDF whose
+    pages 3, 7 and 8 take minutes to render (``hanging_render_pdf``; their text reads at once): those pages are
+    quarantined after the page timeout, the other 12 are parsed, within 1.5 × quarantined pages × timeout + 30 s."""
+    from parsing import Document, Dropped, Page, ParseConfig, Parser
+    from tests.pipelines.pdfs import hanging_render_pdf
+
+    timeout = 15.0  # MinerU's first call after start-up takes seconds on a busy machine
+    config = ParseConfig(page_timeout_s=timeout)
+    assert (config.backend, config.layout) == ("mineru", "fused")  # the default parser
+    paper = write_paper(tmp_path / "paper.pdf", n_pages=1).read_bytes()
+    hanging = (3, 7, 8)
+    data = hanging_render_pdf(15, hanging)
+    with Parser() as parser:
+        assert [type(r) for r in parser.iter_parse(paper, "paper.pdf", config)] == [Document, Page]  # started
+
+        t0 = time.monotonic()
+        recs = list(parser.iter_parse(data, "hang-render.pdf", config))
+        elapsed = time.monotonic() - t0
+    assert isinstance(recs[0], Document)
+    assert [r.page_index for r in recs if isinstance(r, Page)] == [i for i in range(15) if i not in hanging]
+    dropped = sorted((int(r.item_id.rsplit(":", 1)[1]), r.reason) for r in recs if isinstance(r, Dropped))
+    assert dropped == [(i, "timeout") for i in hanging]
+    bound = 1.5 * len(hanging) * timeout + 30
+    print(f"15 pages, {len(hanging)} hanging the renderer: {elapsed:.1f} s (bound {bound:.1f} s)")
+    assert elapsed <= bound, f"{elapsed:.1f} s > {bound:.1f} s"
