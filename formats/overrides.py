@@ -67,6 +67,9 @@ def _set(cfg: Any, path: list[str], value: Any, key: str, pending: dict[str, Any
             sub = _create_section(hint, path[1:], value, key, pending, prefix + head + ".")
             return dataclasses.replace(cfg, **{head: sub})
         return dataclasses.replace(cfg, **{head: _set(sub, path[1:], value, key, pending, prefix + head + ".")})
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and not isinstance(value, hint):
+        first = dataclasses.fields(hint)[0].name  # a section's main field (policy.path, engine.kind)
+        raise TypeError(f"{key}: is a section ({hint.__name__}); set its fields, e.g. {key}.{first}={value}")
     try:
         new = coerce(value, hint)
     except (ValueError, TypeError, SyntaxError) as e:

@@ -14,10 +14,9 @@ Run: ``python -c "from posttrain.agentic.rl import run_agentic, debug; print(run
 
 from __future__ import annotations
 
-import copy
 import json
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,8 @@ from posttrain.agentic.tasks import INFRA, HarnessRun, SimpleHarness, Task, codi
 from posttrain.agentic.traces import TraceStore
 from posttrain.objectives.advantages import loo_advantages
 from posttrain.objectives.credit import Step, annotate, segment_advantages
+from posttrain.rl import engines
+from posttrain.rl.engines import R3_KEYS, EngineConfig, PolicyConfig, config_is_moe
 from posttrain.rollout.types import Request, Trajectory
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ def train_step(learner: Any, trajs: list[Trajectory], token_adv: list[list[float
         "clip_fraction": m["clip_fraction"],
         "kept": m["kept_tokens"],
         "max_behaviour_logprob_gap": m["mismatch_abs_max"],
+        **{k: m[k] for k in ("bkl_masked_fraction", *R3_KEYS) if k in m},
     }
 
 
@@ -157,13 +159,20 @@ class AgenticConfig:
     group_size: int = 4
     """Sessions per task per step (the group of the leave-one-out baseline)."""
     n_tasks: int = 2
-    """Tasks of ``coding_tasks()`` used."""
+    """Tasks used (the first ``n_tasks`` of ``tasks`` or of the built-in ``coding_tasks()``)."""
+    tasks: str | None = None
+    """A jsonl of tasks in the built-ins' shape (``Task``: task_id, objective, files, hidden_tests, fail_to_pass,
+    pass_to_pass, reference_patch), used instead of the built-ins."""
     max_turns: int = 4
     """Harness turn limit."""
-    engine: str = "scripted"
-    """"scripted": a scripted agent (``BEHAVIOURS`` round-robin) drives the tool calls; the learner trains
-    the tiny model on those stored spans (off-policy: the behaviour logprobs are the script's).
-    "hf": the tiny model itself samples (on-policy; a random model rarely calls a tool)."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """As in every stage: ``policy.path`` (a chat model with its tokenizer and template), or None for the tiny random
+    policy over the agentic tokenizer (``policy.arch=qwen2_moe``: MoE, routes replayed by R3)."""
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(kind="scripted"))
+    """``engine.kind=scripted``: a scripted agent (``BEHAVIOURS`` round-robin) drives the tool calls; the learner
+    trains the policy on those stored spans (off-policy: the behaviour logprobs are the script's).
+    ``engine.kind=hf``: the policy itself samples (on-policy; a random model rarely calls a tool), in process or on
+    Ray (``engine.ray``)."""
     lr: float = 1e-2
     """Learner AdamW learning rate."""
     seed: int = 0
@@ -192,24 +201,31 @@ class AgenticStage:
         from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
         from posttrain.agentic.scripted import ScriptedTokenEngine
         from posttrain.rl.learner import Learner, LearnerConfig
-        from posttrain.rollout.engines.hf import HFEngine
         from posttrain.tiny.agentic import build_tokenizer
-        from posttrain.tiny.lm import build_tiny_causal_lm
 
-        self.cfg, self.steps = config, config.steps
+        config = self.cfg = resolve(config)
+        self.steps = config.steps
         Path(out).mkdir(parents=True, exist_ok=True)
-        self.tokenizer = tok = build_tokenizer()
-        model = build_tiny_causal_lm(vocab_size=1024, seed=config.seed)
-        lcfg = LearnerConfig(lr=config.lr, bkl_phi=0.0, n_minibatches=1, seed=config.seed)
+        tiny = config.policy.path is None  # the tiny policy: 1024 ids over the agentic tokenizer
+        kw = dict(tokenizer=build_tokenizer(), vocab_size=1024, max_position_embeddings=2048) if tiny else {}
+        model, self.tokenizer = engines.build_policy(config.policy, **kw)
+        tok = self.tokenizer
+        # BKL at matched weights as in rl (a scripted agent's tokens have no engine logprobs: nothing is compared)
+        lcfg = LearnerConfig(lr=config.lr, n_minibatches=1, seed=config.seed)
         self.learner = Learner(model, lcfg, total_versions=config.steps)
         self.agent = ScriptedAgent(tok)
-        hf = config.engine == "hf"
-        self.engine = HFEngine(copy.deepcopy(model), capacity=8) if hf else ScriptedTokenEngine(self.agent)
+        if config.engine.kind == "scripted":
+            self.engine = ScriptedTokenEngine(self.agent)
+        else:
+            self.engine = engines.start_engine(config, self.learner.weights(), 0, capacity=8, model=model)
         self.store = TraceStore(Path(out) / "traces.sqlite")
-        gw = Gateway(self.engine, tok, GatewayConfig(default_max_tokens=192, max_context=2048), store=self.store)
+        gcfg = GatewayConfig(
+            default_max_tokens=192, max_context=2048, return_routed_experts=config_is_moe(model.config)
+        )
+        gw = Gateway(self.engine, tok, gcfg, store=self.store)
         self._server = ServerThread(build_app(gw))
         self.url = self._server.__enter__()
-        self.tasks = coding_tasks()[: config.n_tasks]
+        self.tasks = (read_tasks(config.tasks) if config.tasks else coding_tasks())[: config.n_tasks]
         self.tools = {"write_file", "read_file", "run_tests"}
         self.step_index, self.attempt = 0, 0
         self._advs: dict[str, list[float]] = {}
@@ -262,7 +278,7 @@ class AgenticStage:
         return train_step(self.learner, trajs, [self._advs[t.request_id] for t in trajs])
 
     def sync(self) -> None:
-        if self.cfg.engine == "hf":  # the scripted agent has no weights; the tiny model serves the learner's
+        if self.cfg.engine.kind != "scripted":  # the scripted agent has no weights; the policy serves the learner's
             self.engine.update_weights(self.learner.weights(), self.learner.version)
 
     def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -278,6 +294,7 @@ class AgenticStage:
 
     def close(self) -> None:
         self._server.__exit__(None, None, None)
+        engines.stop_engine(self.cfg)
 
 
 def run_agentic(config: AgenticConfig, out: str | Path, resume: bool = False, progress: bool = False) -> dict[str, Any]:
@@ -294,5 +311,17 @@ def run_agentic(config: AgenticConfig, out: str | Path, resume: bool = False, pr
     return metrics
 
 
-def with_engine(config: AgenticConfig, engine: str) -> AgenticConfig:
-    return replace(config, engine=engine)
+def resolve(config: AgenticConfig) -> AgenticConfig:
+    """The engine section checked (``engines.resolve``): hf (in process or Ray) or the scripted agent; an MoE policy
+    under the scripted agent is refused naming R3 (its tokens come with no routes to replay)."""
+    return engines.resolve(config, ("hf", "scripted"), "posttrain agentic")
+
+
+def read_tasks(path: str) -> list[Task]:
+    """Tasks from a jsonl file, one ``Task`` a line in the built-ins' shape (test ids as lists)."""
+    from formats import fs
+
+    rows = [json.loads(x) for x in fs.read_text(path).splitlines() if x.strip()]
+    return [
+        Task(**{**r, "fail_to_pass": tuple(r["fail_to_pass"]), "pass_to_pass": tuple(r["pass_to_pass"])}) for r in rows
+    ]

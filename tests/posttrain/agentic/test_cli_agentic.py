@@ -64,13 +64,13 @@ def test_agentic_command_runs_end_to_end(tmp_path: Path):
 
 
 def test_agentic_command_on_policy_with_the_tiny_model(tmp_path: Path):
-    """``--set engine=hf``: the tiny model itself samples through the gateway. The behaviour logprobs the gateway
+    """``--set engine.kind=hf``: the tiny model itself samples through the gateway. The behaviour logprobs the gateway
     captured equal the learner's logprobs of the same stored tokens before each update (exact capture, on-policy).
     A random model solves nothing, so its rewards (and advantages) are 0: this checks capture, not learning."""
     from pipelines.cli import main
 
     out = tmp_path / "run"
-    sets = ["engine=hf", "steps=2", "group_size=2", "n_tasks=1", "max_turns=2"]
+    sets = ["engine.kind=hf", "steps=2", "group_size=2", "n_tasks=1", "max_turns=2"]
     argv = ["posttrain", "agentic", "--config", "debug", "--out", str(out)]
     assert main([*argv, *(x for s in sets for x in ("--set", s))]) == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
