@@ -1,5 +1,7 @@
 """``scifolio timeseries``: the time-series lane alone (SPEC C10) on CSV / parquet / Monash .tsf files.
 
+    scifolio timeseries forecast --data sales.csv --horizon 12 --out fc.csv     # the shipped default model
+    scifolio timeseries train --init default --data sales.csv --out out/ft [--set steps=200]   # fine-tune it
     scifolio timeseries train --config debug --data m1.tsf --out out/ts --set train.holdout=6 [--resume]
     scifolio timeseries forecast --model out/ts --data m1.tsf --horizon 6 --out fc.csv
     scifolio timeseries forecast --model out/ts --data s.csv --instruction "the next two seconds" --sampling-rate-hz 50 \
@@ -7,7 +9,9 @@
     scifolio timeseries eval --model out/ts --data m1.tsf --horizon 6 [--season 1] [--baselines AutoETS,AutoARIMA]
 
 Files that cannot be read are quarantined (``<out or model>/quarantine/series.jsonl``) with a reason, never a crash.
-``forecast`` writes long format ``series_id, channel, step, value, q0.1 … q0.9``. ``eval`` uses the last-window
+``forecast`` follows the contract of ``pretrain/timeseries/tables.py``: the input's column names (``series_id,
+timestamp, value`` or ``unique_id, ds, y``, ``channel``), ids verbatim, timestamps continuing at the inferred
+frequency, then ``q0.1 … q0.9``; the same id in two files is an error naming both. ``eval`` uses the last-window
 protocol: each series minus its last H points is the history, the last H points are scored.
 """
 
@@ -33,6 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="ts_command", metavar="STAGE", required=True)
     t = sub.add_parser("train", help="train the encoder + forecaster", description="train on windows of the series")
     t.add_argument("--config", default="debug", choices=sorted(RECIPES), help="named recipe (pretrain/timeseries)")
+    t.add_argument("--init", choices=["default"], default=None,
+                   help="fine-tune the shipped default model (--set keys: pretrained.FitConfig, e.g. steps=200)")  # fmt: skip
     t.add_argument("--data", nargs="+", required=True, help="series files or directories (.csv .parquet .tsf)")
     t.add_argument("--out", required=True, help="run directory (config.json, metrics.jsonl, ckpt.pt)")
     t.add_argument("--resume", action="store_true", help="continue from <out>/ckpt.pt")
@@ -41,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.set_defaults(func=run_train)
 
     f = sub.add_parser("forecast", help="forecast every series of a file", description="forecast H values per series")
-    f.add_argument("--model", required=True, help="run directory written by train")
+    f.add_argument("--model", default=None, help="run directory written by train (default: the shipped model)")
     f.add_argument("--data", nargs="+", required=True, help="series files or directories")
     g = f.add_mutually_exclusive_group(required=True)
     g.add_argument("--horizon", type=int, help="values to forecast")
@@ -51,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.set_defaults(func=run_forecast)
 
     e = sub.add_parser("eval", help="score against seasonal naive, AutoETS, AutoARIMA", description=__doc__)
-    e.add_argument("--model", required=True, help="run directory written by train ('none' = baselines only)")
+    e.add_argument("--model", default=None, help="run directory ('none' = baselines only; default: shipped model)")
     e.add_argument("--data", nargs="+", required=True, help="series files or directories")
     e.add_argument("--horizon", type=int, required=True, help="H: the last H points of each series are scored")
     e.add_argument("--season", type=int, default=None, help="MASE seasonal period (default: from the frequency)")
@@ -88,6 +94,8 @@ def run_train(args: argparse.Namespace) -> int:
     from pretrain.timeseries.config import RECIPES
     from pretrain.timeseries.train import train
 
+    if args.init == "default":
+        return run_finetune(args)
     cfg = apply_sets(RECIPES[args.config](), args.set)
     files, records, _ = read_files(args.data, args.out)
     if not records:
@@ -102,58 +110,102 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(model_dir: str):
-    from pretrain.timeseries.train import load_run
+def _load(model_dir: str | None):
+    from pretrain.timeseries.pretrained import load_model
 
     try:
-        return load_run(model_dir)[1]
+        return load_model(model_dir)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
+def _files(paths: list[str]) -> list[str]:
+    from formats.series import is_series_file
+
+    files: list[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            files += sorted(str(q) for q in Path(p).rglob("*") if q.is_file() and is_series_file(str(q)))
+        else:
+            files.append(p)
+    return files
+
+
+def _contract_inputs(paths: list[str], quarantine_dir: str | None):
+    """The forecast contract's reader; refused files / series are printed and quarantined."""
+    from formats.quarantine import write_quarantine
+    from formats.records import Dropped
+    from pretrain.timeseries.tables import read_inputs
+
+    files = _files(paths)
+    names, series, refused = read_inputs(files)
+    for r in refused:
+        print(f"refused {r.item}: {r.message}", file=sys.stderr)
+    if quarantine_dir and refused:
+        rows = [Dropped(r.item, "series", r.reason, {"error": r.message[:300]}).to_row() for r in refused]
+        write_quarantine(os.path.join(quarantine_dir, "quarantine"), "series", rows)
+    return files, names, series
+
+
 def run_forecast(args: argparse.Namespace) -> int:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
-    import pyarrow.parquet as pq
-
-    from formats.fs import open_output
-    from pretrain.timeseries.forecaster import forecast_many
     from pretrain.timeseries.horizon import predict_horizon
+    from pretrain.timeseries.pretrained import forecast_any, quantile_levels
+    from pretrain.timeseries.tables import ContractError, forecast_table, write_table
 
+    try:
+        _, names, series = _contract_inputs(args.data, os.path.dirname(os.path.abspath(args.out)))
+    except ContractError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not series:
+        print("error: no readable series in --data", file=sys.stderr)
+        return 2
     model = _load(args.model)
-    _, records, _ = read_files(args.data, os.path.dirname(os.path.abspath(args.out)))
     horizon = args.horizon
     if horizon is None:
-        freq = records[0].freq if records else ""
-        unit = {"yearly": "year", "monthly": "month", "daily": "day", "hourly": "hour", "weekly": "week"}.get(freq)
-        horizon = predict_horizon(args.instruction, sampling_rate_hz=args.sampling_rate_hz, freq_unit=unit)
+        first = series[0]
+        horizon = predict_horizon(args.instruction, sampling_rate_hz=args.sampling_rate_hz,
+                                  sampling_period_s=first.period_s, freq_unit=first.freq_unit)  # fmt: skip
         if horizon is None:
             print(f"error: no horizon in {args.instruction!r} (a duration needs --sampling-rate-hz)", file=sys.stderr)
             return 2
     if horizon < 1:
         print("error: --horizon must be ≥ 1", file=sys.stderr)
         return 2
-    levels = model.cfg.forecaster.quantiles
-    cols: dict[str, list] = {"series_id": [], "channel": [], "step": [], "value": []}
-    cols |= {f"q{lv:g}": [] for lv in levels}
-    fcs = forecast_many(model, [np.asarray(r.values, dtype=np.float64) for r in records], horizon)
-    for r, (point, quant) in zip(records, fcs):
-        for c, ch in enumerate(r.channels):
-            cols["series_id"] += [r.series_id] * horizon
-            cols["channel"] += [ch] * horizon
-            cols["step"] += list(range(1, horizon + 1))
-            cols["value"] += point[c].tolist()
-            for k, lv in enumerate(levels):
-                cols[f"q{lv:g}"] += quant[c, :, k].tolist()
-    table = pa.table(cols)
-    with open_output(args.out) as f:
-        if args.out.endswith(".parquet"):
-            pq.write_table(table, f)
-        else:
-            pcsv.write_csv(table, f)
-    print(json.dumps({"out": args.out, "series": len(records), "horizon": horizon, "rows": table.num_rows}))
+    try:
+        points, quants = forecast_any(model, [s.values for s in series], horizon)
+    except ValueError as e:  # beyond the model's documented maximum horizon
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    table = forecast_table(names, series, points, quants, quantile_levels(model))
+    write_table(table, args.out)
+    print(json.dumps({"out": args.out, "series": len(series), "horizon": horizon, "rows": len(table)}))
+    return 0
+
+
+def run_finetune(args: argparse.Namespace) -> int:
+    from pretrain.timeseries.pretrained import FitConfig, finetune
+    from pretrain.timeseries.tables import ContractError
+
+    if args.resume:
+        print("error: --init default starts a new run; --resume is for --config runs", file=sys.stderr)
+        return 2
+    fcfg = apply_sets(FitConfig(steps=200, lr=1e-4, batch=64, warmup=20, log_every=25), args.set)
+    try:
+        files, _, series = _contract_inputs(args.data, args.out)
+    except ContractError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not series:
+        print("error: no readable series in --data", file=sys.stderr)
+        return 2
+    try:
+        last = finetune([s.values for s in series], args.out, fcfg, files, quiet=args.quiet)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"run": args.out, "series": len(series), "init": "default"} | last))
     return 0
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pretrain.timeseries.forecaster import forecast_many
 from pretrain.timeseries.metrics import mase, seasonal_naive, smape, success, wql
+from pretrain.timeseries.pretrained import forecast_any
 
 LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
@@ -98,7 +98,7 @@ def statsforecast_baseline(name: str, season: int) -> Callable[[np.ndarray, int]
 
 
 def evaluate(
-    model,
+    model,  # SeriesForecastModel, the default PatchForecaster, or None (baselines only)
     histories: Sequence[np.ndarray],
     actuals: Sequence[np.ndarray],
     horizon: int,
@@ -108,8 +108,7 @@ def evaluate(
     """The lane's model next to seasonal naive and the classical baselines on the same last windows."""
     report = Report(horizon, season)
     if model is not None:
-        fcs = forecast_many(model, histories, horizon)
-        points, quants = [p[0] for p, _ in fcs], [q[0] for _, q in fcs]
+        points, quants = forecast_any(model, histories, horizon)
         report.scores["scifolio"] = score(histories, actuals, points, quants, horizon, season)
     naive = [seasonal_naive(h, horizon, season) for h in histories]
     report.scores["seasonal naive"] = score(histories, actuals, naive, None, horizon, season)

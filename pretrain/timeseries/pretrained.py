@@ -370,3 +370,51 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# -- run directories: fine-tuning and loading whichever model a run holds -------------------------------------------
+
+
+def finetune(
+    series: Sequence[np.ndarray], out_dir: str, fcfg: FitConfig, data_files: Sequence[str] = (), quiet: bool = True
+) -> dict[str, Any]:
+    """``scifolio timeseries train --init default``: the shipped weights trained further on ``series``; writes
+    ``out_dir/{config.json, model.pt, metrics.jsonl, data.json}`` (``config.json`` has ``kind: pretrained``)."""
+    model = load_default()
+    os.makedirs(out_dir, exist_ok=True)
+    last = fit(model, series, ["user"] * len(series), fcfg, os.path.join(out_dir, "metrics.jsonl"), quiet)
+    config = {"kind": "pretrained", "init": "default", "model": dataclasses.asdict(model.cfg),
+              "fit": dataclasses.asdict(fcfg)}  # fmt: skip
+    save(model, os.path.join(out_dir, "model.pt"), {"init": "default", "last": last})
+    fs.write_text(os.path.join(out_dir, "config.json"), json.dumps(config, indent=2) + "\n")
+    fs.write_text(os.path.join(out_dir, "data.json"),
+                  json.dumps({"files": list(data_files), "series": len(series)}, indent=2) + "\n")  # fmt: skip
+    return last
+
+
+def load_model(model_dir: str | os.PathLike[str] | None):
+    """``None`` → the shipped default; a run directory → its model (``kind: pretrained`` → a fine-tuned default,
+    otherwise the C10 lane's ``SeriesForecastModel`` via ``train.load_run``)."""
+    if model_dir is None:
+        return load_default()
+    cfg_path = Path(model_dir) / "config.json"
+    if cfg_path.exists() and json.loads(cfg_path.read_text()).get("kind") == "pretrained":
+        return load(Path(model_dir) / "model.pt")
+    from pretrain.timeseries.train import load_run
+
+    return load_run(model_dir)[1]
+
+
+def forecast_any(model, series: Sequence[np.ndarray], horizon: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Univariate forecasts from either model kind: (points ``[H]``, quantiles ``[H, K]``) per series."""
+    if isinstance(model, PatchForecaster):
+        point, quant = predict(model, series, horizon)
+        return list(point), list(quant)
+    from pretrain.timeseries.forecaster import forecast_many
+
+    fcs = forecast_many(model, series, horizon)
+    return [p[0] for p, _ in fcs], [q[0] for _, q in fcs]
+
+
+def quantile_levels(model) -> tuple[float, ...]:
+    return model.cfg.quantiles if isinstance(model, PatchForecaster) else model.cfg.forecaster.quantiles

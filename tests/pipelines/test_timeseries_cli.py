@@ -25,7 +25,7 @@ def data(tmp_path_factory):
     for s in range(6):
         for t in range(48):
             v = 100 + 10 * s + 20 * np.sin(2 * np.pi * t / 12) + t + rng.normal()
-            lines.append(f"s{s},2020-{1 + t % 12:02d}-01 {t // 12:02d}:00:00,{v:.3f}")
+            lines.append(f"s{s},{2020 + t // 12}-{1 + t % 12:02d}-01,{v:.3f}")
     (d / "monthly.csv").write_text("\n".join(lines) + "\n")
     (d / "bad.csv").write_text("series_id,oops\na,1\n")
     return d
@@ -71,8 +71,10 @@ def test_forecast_long_format(run, data, tmp_path, suffix):
     assert main(["timeseries", "forecast", "--model", str(run), "--data", str(data / "monthly.csv"),
                  "--horizon", "7", "--out", str(out)]) == 0  # fmt: skip
     t = pq.read_table(out) if suffix == "parquet" else pcsv.read_csv(out)
-    assert t.column_names == ["series_id", "channel", "step", "value"] + [f"q0.{i}" for i in range(1, 10)]
-    assert t.num_rows == 6 * 7 and t["step"].to_pylist()[:7] == list(range(1, 8))
+    assert t.column_names == ["series_id", "timestamp", "value"] + [f"q0.{i}" for i in range(1, 10)]
+    assert t.num_rows == 6 * 7 and t["series_id"].to_pylist()[:7] == ["s0"] * 7
+    stamps = [str(x)[:10] for x in t["timestamp"].to_pylist()[:3]]  # the input's months continue after 2023-12
+    assert stamps == ["2024-01-01", "2024-02-01", "2024-03-01"]
     assert np.isfinite(np.asarray(t["value"].to_pylist())).all()
 
 
