@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             if a.torch_threads is not None:
                 cfg = replace(cfg, torch_threads=a.torch_threads)
             if a.seed is not None:
-                cfg = replace(cfg, seed=a.seed)
+                cfg = replace(cfg, seed=a.seed, policy=replace(cfg.policy, seed=a.seed))
             run(with_ablation(cfg, arm), str(out), progress=False)
             (out / "wall_s").write_text(f"{time.time() - t0:.1f}\n")  # so --report-only reports the run's, not its own
         rows = read_rows(out)

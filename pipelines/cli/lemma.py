@@ -52,13 +52,13 @@ def register(posttrain_sub: argparse._SubParsersAction) -> None:
         description="debug: a tiny random policy (character codec) cold-started by cloning the scripted reasoner, "
         "noisy verifier, 20 steps on CPU. s1mo: Intern-S1-MO's recipe (64 questions x 16 rollouts, pass rate 0/1 "
         "dropped, AdamW lr 5e-7 cosine to 1/5, KL beta 0.01, calls up to 65,536 tokens); it needs a real policy: "
-        "--set policy=DIR (a local Hugging Face model directory with its tokenizer). Ablations: --set reward=ratio, "
+        "--set policy.path=DIR (a local Hugging Face model directory with its tokenizer). Ablations: --set reward=ratio, "
         "--set graph_credit=false.",
     )
     t.add_argument("--config", default="debug", help="recipe name (posttrain/lemma/train.py: debug, s1mo)")
     t.add_argument("--out", required=True, help="run directory (config.json, metrics.jsonl, checkpoint/, policy/)")
     t.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint after a crash / kill -9")
-    add_set(t, "steps=4, reward=ratio, graph_credit=false, policy=/models/qwen")
+    add_set(t, "steps=4, reward=ratio, graph_credit=false, policy.path=/models/qwen")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=run_train)
@@ -97,12 +97,15 @@ def run_solve(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from posttrain.lemma.train import RECIPES, run
+    from posttrain.lemma.train import RECIPES, resolve, run
+    from posttrain.rl.engines import EngineRefused
 
-    if (cfg := recipe_config(RECIPES, args)) is None:
+    if (cfg := recipe_config(RECIPES, args, finish=resolve, refused=(EngineRefused,))) is None:
         return 0
-    if not cfg.policy:
-        print(f"error: --config {args.config} needs a policy: --set policy=DIR (a local HF model)", file=sys.stderr)
+    if cfg.policy.path == "":
+        print(
+            f"error: --config {args.config} needs a policy: --set policy.path=DIR (a local HF model)", file=sys.stderr
+        )
         return 2
     rows = run(cfg, args.out, resume=args.resume, progress=not args.no_progress)
     if rows:

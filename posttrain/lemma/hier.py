@@ -77,6 +77,7 @@ def hierarchical_batch(
                     list(call.logprobs),
                     list(call.versions),
                     [int(trained)] * len(call.token_ids),
+                    call.routed_experts,
                 )
                 traj.finish_reason = call.finish_reason or FINISH_STOP
                 traj.reward = float(rewards[g])

@@ -130,6 +130,8 @@ class Call:
     versions: list[int]
     finish_reason: str | None
     text: str = ""
+    routed_experts: list | None = None
+    """The experts the engine's MoE router chose per position (R3; ``RoleCaller.routes``), else None."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,6 +151,8 @@ class RoleCaller:
     instructions: dict[str, str] | None = None
     """Role instructions put in every prompt (default ``ROLE_INSTRUCTIONS``)."""
     calls: list[Call] = field(default_factory=list)
+    routes: bool = False
+    """Ask the engine for the routed experts of every call (an MoE policy: the learner replays them, R3)."""
     _n: int = 0
 
     def render(self, prompt: RolePrompt) -> str:
@@ -178,6 +182,7 @@ class RoleCaller:
                 temperature=self.temperature,
                 seed=zlib.crc32(f"{self.seed}/{rid}".encode()),
                 stop_token_ids=tuple(self.codec.stop_ids),
+                return_routed_experts=self.routes,
             )
             reqs.append(Request(rid, self._ids(self.render(p)), params, group_id=p.problem_id, meta={"role": p.role}))
         self.engine.submit(reqs)
@@ -205,6 +210,7 @@ class RoleCaller:
                 list(t.versions),
                 t.finish_reason,
                 self.codec.decode(gen),
+                t.routed_experts,
             )
             out.append(call)
         self.calls.extend(out)

@@ -1,7 +1,7 @@
 """OREAL-H training of the lemma-memory agent on the one RL driver (``posttrain.rl.loop.run_stage``).
 
     scifolio posttrain lemma train --config debug --out runs/lemma          # tiny policy, CPU, minutes
-    scifolio posttrain lemma train --config s1mo --out runs/s1mo --set policy=/models/qwen   # S1-MO's recipe
+    scifolio posttrain lemma train --config s1mo --out runs/s1mo --set policy.path=/models/qwen   # S1-MO's recipe
 
 ``LemmaStage`` per driver step: ``questions`` task-family questions, each solved ``rollouts`` times by the agent
 (one policy with role prompts on the policy's own ``HFEngine``; lemmas and answers checked by the configured
@@ -34,6 +34,8 @@ from posttrain.lemma.hier import hierarchical_batch
 from posttrain.lemma.roles import ROLE_INSTRUCTIONS, ROLE_INSTRUCTIONS_SHORT, HFCodec, RoleCaller, char_codec
 from posttrain.lemma.tasks import make_rows
 from posttrain.lemma.verifiers import FormalVerifier, LemmaVerifier, ModelVerifier, NoisyVerifier
+from posttrain.rl import engines
+from posttrain.rl.engines import R3_KEYS, EngineConfig, PolicyConfig
 from posttrain.rl.learner import Learner, LearnerConfig, pack
 from posttrain.rollout.scheduler import Batch
 
@@ -80,9 +82,12 @@ class ColdStartConfig:
 class LemmaTrainConfig:
     """``scifolio posttrain lemma train``: OREAL-H on the one RL driver."""
 
-    policy: str = "tiny"
-    """``tiny`` (a random 2-layer Qwen2 over the character codec, built offline) or a local Hugging Face model
-    directory with its tokenizer."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """As in every stage: ``policy.path`` (a local Hugging Face model directory with its tokenizer; ``""``: the recipe
+    needs one), or None for the tiny random policy (Qwen2, or Qwen2-MoE with ``policy.arch=qwen2_moe``) over the
+    character codec, built offline."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """The policy's rollout engine: ``hf``, in process or on Ray (``engine.ray``)."""
     steps: int = 20
     """Learner steps."""
     questions: int = 4
@@ -113,9 +118,7 @@ class LemmaTrainConfig:
     max_tokens: int = 4096
     """Longest sequence (prompt + response) of one call; prompts beyond it lose the middle of their memory."""
     engine_capacity: int = 64
-    """Requests the policy's ``HFEngine`` decodes at once."""
-    hidden_size: int = 64
-    """``policy=tiny`` only: width of the random Qwen2."""
+    """Requests the policy's engine decodes at once."""
     torch_threads: int = 0
     """``torch.set_num_threads`` (0 = leave as is)."""
     prompts: str = "full"
@@ -178,12 +181,12 @@ def debug() -> LemmaTrainConfig:
 
 def s1mo() -> LemmaTrainConfig:
     """Intern-S1-MO's recipe: 64 questions × 16 rollouts, drop pass rate 0/1, AdamW, lr 5e-7 cosine to 1/5, KL β
-    0.01, calls up to 65,536 tokens, the SPEC's 8 + 8 rounds. Needs a real policy: ``--set policy=DIR`` (a local
+    0.01, calls up to 65,536 tokens, the SPEC's 8 + 8 rounds. Needs a real policy: ``--set policy.path=DIR`` (a local
     Hugging Face model with its tokenizer); the tiny one writes no usable reasoning at this scale."""
     agent = AgentConfig(reasoner_tokens=32768, summariser_tokens=4096, reviser_tokens=4096)
     learner = LearnerConfig(lr=5e-7, schedule="cosine", min_lr_ratio=0.2, kl_beta=0.01, optimizer="adamw")
     return LemmaTrainConfig(
-        policy="",
+        policy=PolicyConfig(path=""),
         steps=200,
         questions=64,
         rollouts=16,
@@ -200,21 +203,22 @@ RECIPES = {"debug": debug, "s1mo": s1mo}
 """Named configs for ``scifolio posttrain lemma train --config NAME``."""
 
 
+def resolve(cfg: LemmaTrainConfig) -> LemmaTrainConfig:
+    """The engine section checked (``engines.resolve``: the kinds lemma train runs on, R3 for MoE)."""
+    return engines.resolve(cfg, ("hf",), "posttrain lemma train")
+
+
 def build_policy(cfg: LemmaTrainConfig) -> tuple[torch.nn.Module, HFCodec]:
-    if cfg.policy == "tiny":
-        from posttrain.tiny.lm import causal_lm
-
+    """The policy (``engines.build_policy``) and its codec: the character codec for the tiny policy."""
+    if cfg.policy.path == "":
+        raise ValueError("this recipe needs a policy: --set policy.path=DIR (a local Hugging Face model directory)")
+    if cfg.policy.path is None:
         codec = char_codec()
-        torch.manual_seed(cfg.seed)
-        model = causal_lm(len(codec.tokenizer), cfg.hidden_size, max_position_embeddings=cfg.max_tokens + 8)
-        return model, codec
-    if not cfg.policy:
-        raise ValueError("this recipe needs a policy: --set policy=DIR (a local Hugging Face model directory)")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    codec = HFCodec(AutoTokenizer.from_pretrained(cfg.policy, local_files_only=True))
-    model = AutoModelForCausalLM.from_pretrained(cfg.policy, local_files_only=True, torch_dtype=torch.float32)
-    return model.eval(), codec
+        return engines.build_policy(cfg.policy, tokenizer=codec.tokenizer, max_position_embeddings=cfg.max_tokens + 8)[
+            0
+        ], codec
+    model, tok = engines.build_policy(cfg.policy)
+    return model.eval(), HFCodec(tok)
 
 
 def _instructions(cfg: LemmaTrainConfig) -> dict[str, str]:
@@ -234,8 +238,7 @@ class LemmaStage:
     name = "posttrain lemma"
 
     def __init__(self, cfg: LemmaTrainConfig) -> None:
-        from posttrain.rollout.engines.hf import HFEngine
-
+        cfg = resolve(cfg)
         if cfg.reward not in ("conjugate", "ratio"):
             raise ValueError(f"reward={cfg.reward!r}: conjugate | ratio")
         self.cfg, self.steps = cfg, cfg.steps
@@ -244,8 +247,9 @@ class LemmaStage:
         model, self.codec = build_policy(cfg)
         self.tokenizer = self.codec.tokenizer
         self.learner = Learner(model, cfg.learner, cfg.temperature, 1.0, total_versions=cfg.steps)
-        self.engine = HFEngine(copy.deepcopy(model), capacity=cfg.engine_capacity)
+        self.engine = engines.start_engine(cfg, self.learner.weights(), 0, cfg.engine_capacity, model)
         self.caller = RoleCaller(self.engine, self.codec, cfg.temperature, cfg.seed, _prompt_cap(cfg))
+        self.caller.routes = engines.config_is_moe(model.config)  # R3: routes recorded, replayed by the learner
         self.caller.instructions = _instructions(cfg)
         self.verifier = self._verifier()
         self.rows = cfg.task.rows()
@@ -377,7 +381,16 @@ class LemmaStage:
         self.engine.update_weights(self.learner.weights(), self.learner.version)
 
     def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
-        keys = ("loss", "clip_fraction", "kl", "lr", "bkl_masked_fraction", "mismatch_abs_mean", "kept_tokens")
+        keys = (
+            "loss",
+            "clip_fraction",
+            "kl",
+            "lr",
+            "bkl_masked_fraction",
+            "mismatch_abs_mean",
+            "kept_tokens",
+            *R3_KEYS,
+        )
         return {
             "version": self.learner.version,
             **self._stats,
@@ -404,7 +417,7 @@ class LemmaStage:
         self.sync()
 
     def close(self) -> None:
-        return None
+        engines.stop_engine(self.cfg)
 
 
 def run(cfg: LemmaTrainConfig, out: str, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
