@@ -127,9 +127,13 @@ def normalise(ctx: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray, np
     obs = np.isfinite(ctx)
     n = obs.sum(1)
     filled = np.where(obs, ctx, 0.0)
-    loc = filled.sum(1) / np.maximum(n, 1)
-    var = (np.where(obs, ctx - loc[:, None], 0.0) ** 2).sum(1) / np.maximum(n, 1)
-    scale = np.sqrt(var)
+    # moments of x / max|x|, scaled back: values near 1e300 do not overflow the squares
+    peak = np.abs(filled).max(1)
+    peak = np.where(peak > 0, peak, 1.0)
+    unit = filled / peak[:, None]
+    loc_u = unit.sum(1) / np.maximum(n, 1)
+    var_u = (np.where(obs, unit - loc_u[:, None], 0.0) ** 2).sum(1) / np.maximum(n, 1)
+    loc, scale = loc_u * peak, np.sqrt(var_u) * peak
     scale = np.where(scale > 1e-8 * (np.abs(loc) + 1e-30), scale, np.where(np.abs(loc) > 0, np.abs(loc), 1.0))
     z = np.where(obs, np.clip((ctx - loc[:, None]) / scale[:, None], -Z_CLIP, Z_CLIP), 0.0)
     return z, obs, loc, scale

@@ -245,16 +245,17 @@ def read_inputs(paths: list[str]) -> tuple[Names, list[InputSeries], list[Refuse
             refused.append(Refused(path, e.reason, str(e)))
             continue
         for s in [s for s in series if not np.isfinite(s.values).any()]:
-            refused.append(Refused(f"{path}#{s.id}", "no_finite_value", f"series {s.id!r} ({path}): no finite value"))
+            refused.append(Refused(path, "no_finite_value", f"series {s.id!r} ({path}): no finite value"))
         series = [s for s in series if np.isfinite(s.values).any()]
-        if names is not None and (names.id, names.time, names.value, names.channel) != (
+        if names is not None and (names.id, names.time, names.value) != (
             file_names.id,
             file_names.time,
             file_names.value,
-            file_names.channel,
         ):
             raise ContractError(f"{path}: columns differ from the first file's ({names} vs {file_names})", "columns")
-        names = file_names
+        # a channel column in some files only: the output has it, empty for the others' series
+        names = Names(file_names.id, file_names.time, file_names.value, names.channel if names else None)
+        names.channel = names.channel or file_names.channel
         for s in series:
             other = seen.get(s.id)
             if other is not None and other != path:
