@@ -11,7 +11,8 @@ What a jailed command sees and may do:
 - an unprivileged uid: when the caller is root (CI), bubblewrap sets up the mounts and ``setpriv`` drops to
   ``nobody`` (65534) before the command runs, so the command is unprivileged inside and outside (RLIMIT_NPROC
   bites, and escaping the mount namespace would still find root's files closed); for any other caller,
-  bubblewrap's user namespace keeps the caller's own uid;
+  bubblewrap's user namespace keeps the caller's own uid (tested as ``nobody``; where the kernel forbids
+  unprivileged user namespaces, ``jail_problem`` says so and which setting is missing);
 - ``--die-with-parent``, rlimits (CPU seconds, address space, largest file, processes) and a wall-clock
   timeout that kills the whole process group.
 
@@ -35,6 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 
 NOBODY = 65534
+_USERNS_HINT = "sysctl user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 where it exists"
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,10 @@ def jail_problem() -> str | None:
             bwrap_argv(["/bin/sh", "-c", "touch ok"], probe, SandboxLimits()), capture_output=True, timeout=30
         )
         if r.returncode != 0 or not (probe / "ok").exists():
-            return f"bubblewrap does not start here: {r.stderr.decode(errors='replace').strip()[-500:]}"
+            err = r.stderr.decode(errors="replace").strip()[-500:]
+            if os.geteuid() != 0 and "namespace" in err.lower():
+                err += f" — not root: unprivileged user namespaces are needed ({_USERNS_HINT}), or run as root"
+            return f"bubblewrap does not start here: {err}"
         return None
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bubblewrap does not start here: {e!r}"

@@ -208,3 +208,58 @@ def test_an_agentic_run_without_the_jail_is_refused_unless_allowed_and_then_says
     assert metrics["unjailed"] == 2
     rows = [json.loads(line) for line in (tmp_path / "allowed" / "metrics.jsonl").read_text().splitlines()]
     assert [r["unjailed"] for r in rows] == [2]
+
+
+_AS_NOBODY = """
+import json, socket, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from jail_copy import jail_problem, run_jailed
+server = socket.create_server(("127.0.0.1", 0))  # the caller's loopback: the jail must not reach it
+server.settimeout(0.5)
+hostile = (
+    "id -u; echo ok > made.txt; touch /etc/owned || echo etc-ro; ls {checkout} >/dev/null 2>&1 || echo no-checkout; "
+    "kill -9 {parent} 2>/dev/null || echo no-kill; (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null || echo no-net"
+).format(checkout=sys.argv[3], parent=sys.argv[4], port=server.getsockname()[1])
+r = run_jailed(["/bin/bash", "-c", hostile], Path(sys.argv[2]))
+try:
+    server.accept()
+    reached = True
+except OSError:
+    reached = False
+print(json.dumps({"problem": jail_problem(), "jailed": r.jailed, "out": r.stdout, "reached": reached}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops from root to an unprivileged uid with setpriv")
+def test_a_non_root_caller_gets_the_same_jail():
+    """The jail for a caller that is not root (bubblewrap in a user namespace, the caller's own uid): the module
+    runs as ``nobody`` under Debian's Python (the project's venv may sit where nobody cannot read), and a hostile
+    command — writes outside its repository, reads the checkout, kills its parent, dials the caller's loopback
+    — fails at each step while its repository stays writable."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="scifolio-jail-nonroot-"))  # pytest's tmp_path is closed to nobody
+    try:
+        pkg, repo = base / "pkg", base / "repo"
+        pkg.mkdir()
+        repo.mkdir()
+        shutil.copy(ROOT / "posttrain" / "agentic" / "jail.py", pkg / "jail_copy.py")  # stdlib only
+        os.chown(repo, 65534, 65534)
+        for p in (base, pkg, pkg / "jail_copy.py"):
+            p.chmod(0o755)
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", _AS_NOBODY]
+        cmd += [str(pkg), str(repo), str(ROOT), str(os.getpid())]
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(repo), "TMPDIR": str(repo)}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+        made = (repo / "made.txt").read_text(), (repo / "made.txt").stat().st_uid
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["problem"] is None and got["jailed"], got
+    assert got["out"].split() == ["65534", "etc-ro", "no-checkout", "no-kill", "no-net"], got
+    assert not got["reached"]
+    assert made == ("ok\n", 65534)
