@@ -370,7 +370,9 @@ class TraceStore:
 
     def session_trajectory(self, session: str, reward: float) -> Trajectory:
         """The session's exported path as one learner ``Trajectory``: prompt = the tokens before its first response,
-        then every later token (responses trained on unless skipped, context between them masked)."""
+        then every later token (responses trained on unless skipped, context between them masked). MoE (R3): the
+        routes of the session's last call, whose prompt was the whole path before its response (every earlier
+        token routed at the session's version)."""
         ex = self.session_export(session)
         start = ex["spans"][0][0]
         req = Request(session, ex["token_ids"][:start], group_id=tree_of(session))
@@ -380,6 +382,7 @@ class TraceStore:
             logprobs=ex["logprobs"][start:],
             versions=ex["versions"][start:],
             loss_mask=ex["loss_mask"][start:],
+            routed_experts=self.nodes[self.calls[self.session_calls[session][-1]]["response_node"]].experts,
             finish_reason="stop",
             reward=reward,
         )

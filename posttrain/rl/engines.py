@@ -125,7 +125,8 @@ def resolve(cfg: Any, kinds: tuple[str, ...] = KINDS, stage: str = "posttrain rl
     if kind not in CAN_RECORD_ROUTES and policy_is_moe(cfg.policy):  # asked only then: --print-config stays offline
         raise EngineRefused(
             f"an MoE policy on engine.kind={kind}: refused. That engine cannot record routed experts, so the "
-            f"learner could not replay them (R3) and would train on live routing; use engine.kind=hf, speculative, fused or vllm"
+            f"learner could not replay them (R3) and would train on live routing; use engine.kind="
+            + " or ".join(k for k in kinds if k in CAN_RECORD_ROUTES)
         )
     return cfg
 

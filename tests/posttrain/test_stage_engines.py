@@ -1,0 +1,153 @@
+"""Every post-training stage on the one engine path (issue 34): ``rl``, ``agentic``, ``distill`` and ``lemma train``
+take the same ``policy`` / ``engine`` sections; with a tiny MoE policy and ``engine.kind=hf`` every trained row replays
+the engine's routes (R3); on ``--ray local`` each stage's first step equals its in-process one; a kind that cannot
+record routes refuses an MoE policy naming R3, and the old spellings exit 2 naming the new key.
+
+    python -m pytest tests/posttrain/test_stage_engines.py -q          # the Ray test needs a loopback namespace:
+    unshare -n sh -c 'ip link set lo up && exec python -m pytest tests/posttrain/test_stage_engines.py -q'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import in_loopback_namespace
+
+MOE = {"policy.arch": "qwen2_moe", "engine.kind": "hf", "steps": "2"}
+"""The same keys mean the same to every stage."""
+SMALL = {
+    "rl": {"scheduler.batch_target": "2", "scheduler.group_size": "2", "sampling.max_new_tokens": "6"},
+    "agentic": {"group_size": "2", "n_tasks": "1", "max_turns": "2"},
+    "distill": {"teacher_steps": "2", "sft_steps": "0", "eval_queries": "0", "queries_per_domain": "2"},
+    "lemma": {
+        "questions": "1",
+        "rollouts": "2",
+        "drop_saturated": "false",
+        "task.n_train": "1",
+        "cold_start.enabled": "false",
+        "agent.max_rounds": "1",
+        "agent.max_revisions": "0",
+        "agent.reasoner_tokens": "24",
+        "agent.summariser_tokens": "16",
+        "agent.reviser_tokens": "8",
+        "max_tokens": "512",
+    },
+}
+
+
+def stage(name: str, out: Path, sets: dict[str, str]):
+    """The stage ``name`` of its debug recipe with ``sets`` applied (what ``--set`` does)."""
+    from formats.overrides import with_overrides
+
+    if name == "rl":
+        from posttrain.rl.loop import RLStage
+        from posttrain.rl.recipes import debug
+
+        return RLStage(with_overrides(debug(), sets))
+    if name == "agentic":
+        from posttrain.agentic.rl import AgenticStage, debug
+
+        return AgenticStage(with_overrides(debug(), sets), out)
+    if name == "distill":
+        from posttrain.rl.distill import build, debug
+
+        return build(with_overrides(debug(), sets))
+    from posttrain.lemma.train import LemmaStage, debug
+
+    return LemmaStage(with_overrides(debug(), sets))
+
+
+def run(name: str, out: Path, **sets: str) -> tuple[list[dict], list[list[list[int]]]]:
+    """The one driver over the stage: its metrics rows and, per step, the token ids it trained on."""
+    from posttrain.rl.loop import run_stage
+
+    st = stage(name, out, {**MOE, **SMALL[name], **sets})
+    sampled, collect = [], st.collect
+
+    def recording():
+        batch = collect()
+        sampled.append([t.token_ids for g in batch.groups for t in g])
+        return batch
+
+    st.collect = recording
+    return run_stage(st, out, progress=False), sampled
+
+
+@pytest.mark.parametrize("name", ["rl", "agentic", "distill", "lemma"])
+def test_every_stage_replays_the_routes_of_an_moe_policy(name, tmp_path, one_torch_thread):
+    rows, sampled = run(name, tmp_path)
+    assert [r["step"] for r in rows] == [1, 2] and all(sampled)
+    assert all(r["r3_replayed_tokens"] > 0 for r in rows), rows
+
+
+@pytest.mark.slow
+def test_every_stage_on_local_ray_matches_in_process_on_its_first_step(tmp_path, one_torch_thread):
+    if not in_loopback_namespace():
+        pytest.skip("Ray binds every interface: run inside `unshare -n sh -c 'ip link set lo up && exec pytest ...'`")
+    for name in ("rl", "agentic", "distill", "lemma"):
+        here, here_ids = run(name, tmp_path / f"{name}-here", steps="1")
+        ray, ray_ids = run(name, tmp_path / f"{name}-ray", steps="1", **{"engine.ray": "local", "engine.workers": "2"})
+        assert ray_ids == here_ids and sum(map(len, here_ids)) > 0, name
+        assert abs(ray[0]["loss"] - here[0]["loss"]) <= 1e-6, (name, ray[0]["loss"], here[0]["loss"])
+        assert ray[0]["r3_replayed_tokens"] == here[0]["r3_replayed_tokens"] > 0, name
+
+
+def test_a_kind_that_cannot_record_routes_refuses_an_moe_policy_naming_r3(tmp_path, capsys):
+    from pipelines.cli import main
+
+    argv = ["posttrain", "agentic", "--config", "debug", "--out", str(tmp_path / "a"), "--set", "policy.arch=qwen2_moe"]
+    for stage_argv, kind in ((["agentic"], "scripted"), (["rl"], "scripted")):  # the scripted engines record no routes
+        argv = [
+            "posttrain",
+            *stage_argv,
+            "--config",
+            "debug",
+            "--out",
+            str(tmp_path / "o"),
+            "--set",
+            f"engine.kind={kind}",
+        ]
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--set", "policy.arch=qwen2_moe"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "(R3)" in err and "use engine.kind=hf" in err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("stage_argv", "old", "new"),
+    [
+        (["agentic"], "engine=hf", "engine.kind=hf"),
+        (["lemma", "train"], "policy=/models/qwen", "policy.path=/models/qwen"),
+        (["rl"], "policy=/models/qwen", "policy.path=/models/qwen"),
+    ],
+)
+def test_old_spellings_exit_2_naming_the_new_key(stage_argv, old, new, tmp_path, capsys):
+    from pipelines.cli import main
+
+    argv = ["posttrain", *stage_argv, "--config", "debug", "--out", str(tmp_path), "--set", old, "--print-config"]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and new in capsys.readouterr().err
+
+
+def test_print_config_of_every_stage_loads_no_model(tmp_path, capsys, monkeypatch):
+    import transformers
+
+    def refuse(*a, **k):
+        raise AssertionError(f"--print-config loaded a model or config: {a}")
+
+    for cls in (transformers.AutoConfig, transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
+        monkeypatch.setattr(cls, "from_pretrained", refuse)
+    from pipelines.cli import main
+
+    for argv in (["rl"], ["agentic"], ["distill"], ["lemma", "train"]):
+        sets = ["--set", "policy.path=/nowhere/model", "--set", "engine.kind=hf", "--set", "steps=2"]
+        if argv == ["distill"]:
+            sets = ["--set", "policy.arch=qwen2_moe", "--set", "engine.kind=hf", "--set", "steps=2"]
+        assert main(["posttrain", *argv, "--config", "debug", "--out", str(tmp_path), *sets, "--print-config"]) == 0
+        import json
+
+        cfg = json.loads(capsys.readouterr().out)
+        assert cfg["engine"]["kind"] == "hf" and cfg["steps"] == 2, argv
