@@ -30,6 +30,14 @@ timed in the same round see about the same load); ``fused / mineru`` is printed 
 row's CPU seconds a page (this process and its children), which does not depend on the machine's load:
 
     python benchmarks/layout.py --synthetic 10 --no-scans --seed 3 --only mineru,fused,rules,yolo --rounds 3
+
+Self-labelled layout data (``parsing.selflabel``: display equations from the text layer, degraded page images,
+split by document), and the labels scored against reference boxes where a FOLDER with ``truth/`` is given (or
+generated pages with ``--synthetic N``), on the pages that have a text layer:
+
+    python benchmarks/layout.py --self-label ../shared/samples --out /tmp/selflabel
+    python benchmarks/layout.py --self-label ../shared/devset/pdfs --out /tmp/sl-dev ../shared/devset
+    python benchmarks/layout.py --self-label --synthetic 40 --seed 11 --out /tmp/sl-syn
 """
 
 from __future__ import annotations
@@ -380,7 +388,20 @@ def main(argv: list[str] | None = None) -> int:
         help="fit the fusion leave-one-file-out from the rules/yolo(/pymupdf) rows and report it; print the fit on "
         "all files (what parsing/fusion.py's FITTED holds)",
     )
+    ap.add_argument(
+        "--self-label",
+        type=Path,
+        nargs="?",
+        const=Path(),
+        default=None,
+        metavar="PDF_DIR",
+        help="write self-labelled page images of PDF_DIR's PDFs to --out (parsing.selflabel); with FOLDER (or "
+        "--synthetic N: its digital pages) score the labels against its reference boxes",
+    )
+    ap.add_argument("--out", type=Path, default=None, help="output folder of --self-label")
     args = ap.parse_args(argv)
+    if args.self_label is not None:
+        return self_label(args)
     if args.synthetic:
         import tempfile
 
@@ -450,6 +471,50 @@ def main(argv: list[str] | None = None) -> int:
             res = {n: (score(sub, d["preds"]), d["pages"], d["secs"]) for n, d in dumped.items()}
             print(f"\n{part} copies only ({args.synthetic} pages; pages/s: all pages scored above together)")
             print(table(res))
+    return 0
+
+
+def self_label(args: argparse.Namespace) -> int:
+    """``--self-label``: write the data set; score its labels where reference boxes exist."""
+    import tempfile
+
+    from parsing.selflabel import label_pdf, write_dataset
+
+    if args.out is None:
+        print("--self-label needs --out DIR")
+        return 2
+    truth = args.folder
+    pdf_dir = args.self_label
+    if args.synthetic:
+        truth = Path(tempfile.mkdtemp(prefix="scifolio-synthetic-"))
+        write_synthetic(truth, args.synthetic, args.seed, scans=False)
+        pdf_dir = truth / "pdfs"
+    pdfs = sorted(pdf_dir.glob("*.pdf"))
+    t0 = time.perf_counter()
+    counts = write_dataset(pdfs, args.out, seed=args.seed)
+    print(f"{len(pdfs)} PDFs -> {args.out}: {json.dumps(counts)} ({time.perf_counter() - t0:.1f} s)")
+    if truth is None or not (truth / "truth").is_dir():
+        return 0
+    refs = [r for r in load_refs(truth) if (pdf_dir / r["pdf"]).exists()]
+    preds: Preds = {}
+    labelled = []
+    for ref in refs:
+        pages = {}
+        for i, labels in label_pdf(pdf_dir / ref["pdf"]):
+            if labels is None:
+                continue  # no text layer: nothing to label from, and nothing for a scan's reference to count
+            pages[str(i)] = ref["pages"].get(str(i), [])
+            for lb in labels:
+                _add(preds, ref["pdf"], i, lb.kind, lb.bbox)
+        labelled.append({"pdf": ref["pdf"], "pages": pages})
+    res = score(labelled, preds, args.verbose)
+    print(
+        "labels vs reference boxes, pages with a text layer (figures: raster + 'Figure n' caption only; tables: none)"
+    )
+    for k in (*KINDS, "micro"):
+        a, t, p = res[k]
+        pr, rc, f1 = prf(a, t, p)
+        print(f"  {k:9s} P{pr:.3f} R{rc:.3f} F1 {f1:.3f}  matched {a} of {t} reference, {p} labelled")
     return 0
 
 
