@@ -57,6 +57,9 @@ class PatchConfig:
     layers: int = 3
     heads: int = 4
     quantiles: tuple[float, ...] = LEVELS
+    linear_skip: bool = True
+    """A linear map from the whole normalised context straight to the output, added to the Transformer's: it
+    learns lag structure (a season's copy) in a few hundred steps, where attention alone needs thousands."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ class PatchForecaster(nn.Module):
         self.body = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
         self.ln = nn.LayerNorm(d)
         self.head = Residual(d, 2 * d, p * len(cfg.quantiles))
+        self.skip = nn.Linear(cfg.context, cfg.horizon * len(cfg.quantiles)) if cfg.linear_skip else None
 
     def forward(self, z: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
         """``z [B, context]`` normalised values (0 where missing), ``observed [B, context]`` → ``[B, horizon, K]``."""
@@ -118,7 +122,10 @@ class PatchForecaster(nn.Module):
         h = torch.cat([tokens, queries], dim=1) + self.pos
         pad = torch.cat([op.sum(-1) == 0, torch.zeros(b, self.n_out, dtype=torch.bool, device=z.device)], dim=1)
         out = self.head(self.ln(self.body(h, src_key_padding_mask=pad)[:, self.n_in :]))
-        return out.reshape(b, self.cfg.horizon, len(self.cfg.quantiles))
+        out = out.reshape(b, self.cfg.horizon, len(self.cfg.quantiles))
+        if self.skip is not None:
+            out = out + self.skip(z).reshape(b, self.cfg.horizon, len(self.cfg.quantiles))
+        return out
 
 
 def normalise(ctx: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
