@@ -69,15 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def read_files(paths: list[str], quarantine_dir: str | None):
     """Every series in the given files/directories; bad files go to ``quarantine_dir/series.jsonl``."""
     from formats.quarantine import write_quarantine
-    from formats.series import is_series_file, read_series_file
+    from formats.series import read_series_file
     from pipelines.assembly.series import pandas_timestamps
 
-    files: list[str] = []
-    for p in paths:
-        if os.path.isdir(p):
-            files += sorted(str(q) for q in Path(p).rglob("*") if q.is_file() and is_series_file(str(q)))
-        else:
-            files.append(p)
+    files = _files(paths)
     records, dropped = [], []
     for path in files:
         r, d = read_series_file(path, parse_timestamps=pandas_timestamps)
