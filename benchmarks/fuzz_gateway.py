@@ -132,7 +132,7 @@ def strategies():
 def serve(max_body: int):
     from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
     from posttrain.agentic.guard import GatewayLimits, Guard
-    from posttrain.agentic.scripted import ScriptedTokenEngine
+    from posttrain.rollout.engines.scripted import ScriptedTokenEngine
     from posttrain.tiny.agentic import build_tokenizer
 
     tok = build_tokenizer()

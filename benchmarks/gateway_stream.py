@@ -23,7 +23,7 @@ import time
 import openai
 
 from posttrain.agentic.gateway import Gateway, GatewayConfig, IncrementalDecoder, ServerThread, build_app
-from posttrain.agentic.scripted import ScriptedTokenEngine
+from posttrain.rollout.engines.scripted import ScriptedTokenEngine
 from posttrain.tiny.agentic import build_tokenizer
 
 WORDS = " the tests pass and the code is fixed now, naïve café → 数学 ok"

@@ -144,7 +144,7 @@ def search_call(i: int, n: int):
 def gateway_service(reply_tokens: int, step_ms: float):
     from posttrain.agentic.gateway import Gateway, GatewayConfig, build_app
     from posttrain.agentic.guard import GatewayLimits, Guard
-    from posttrain.agentic.scripted import ScriptedTokenEngine
+    from posttrain.rollout.engines.scripted import ScriptedTokenEngine
     from posttrain.tiny.agentic import build_tokenizer
 
     tok = build_tokenizer()

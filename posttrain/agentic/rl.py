@@ -199,8 +199,8 @@ class AgenticStage:
 
     def __init__(self, config: AgenticConfig, out: str | Path) -> None:
         from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
-        from posttrain.agentic.scripted import ScriptedTokenEngine
         from posttrain.rl.learner import Learner, LearnerConfig
+        from posttrain.rollout.engines.scripted import ScriptedTokenEngine
         from posttrain.tiny.agentic import build_tokenizer
 
         config = self.cfg = resolve(config)
@@ -210,8 +210,9 @@ class AgenticStage:
         kw = dict(tokenizer=build_tokenizer(), vocab_size=1024, max_position_embeddings=2048) if tiny else {}
         model, self.tokenizer = engines.build_policy(config.policy, **kw)
         tok = self.tokenizer
-        # BKL at matched weights as in rl (a scripted agent's tokens have no engine logprobs: nothing is compared)
-        lcfg = LearnerConfig(lr=config.lr, n_minibatches=1, seed=config.seed)
+        # BKL at matched weights as in rl; off under the scripted agent, whose logprobs are no model's
+        bkl = LearnerConfig.bkl_phi if config.engine.kind != "scripted" else 0.0
+        lcfg = LearnerConfig(lr=config.lr, bkl_phi=bkl, n_minibatches=1, seed=config.seed)
         self.learner = Learner(model, lcfg, total_versions=config.steps)
         self.agent = ScriptedAgent(tok)
         if config.engine.kind == "scripted":

@@ -168,7 +168,7 @@ def scripted_caller(
     p_correct: float = 0.8, tokens_per_step: int = 120, verifier_flip: float = 0.0, seed: int = 0, capacity: int = 256
 ) -> RoleCaller:
     """A ``RoleCaller`` over a ``ScriptedTokenEngine`` playing ``ScriptedPolicy`` (character codec)."""
-    from posttrain.agentic.scripted import ScriptedTokenEngine
+    from posttrain.rollout.engines.scripted import ScriptedTokenEngine
 
     codec = char_codec()
     policy = ScriptedPolicy(codec, p_correct, tokens_per_step, verifier_flip, seed)

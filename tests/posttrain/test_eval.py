@@ -234,8 +234,8 @@ def test_agentic_eval_of_a_scripted_policy_reproduces_its_success_rate(tmp_path:
     """Sessions through the gateway and the harness, graded by the hidden tests in the jail: a policy that fixes the
     code on even sessions and games the visible tests on odd ones passes exactly half (pass@1 0.5, pass@2 1)."""
     from posttrain.agentic.rl import ScriptedAgent, behaviour_replies
-    from posttrain.agentic.scripted import ScriptedTokenEngine
     from posttrain.eval import evaluate_agentic
+    from posttrain.rollout.engines.scripted import ScriptedTokenEngine
     from posttrain.tiny.agentic import build_tokenizer
 
     tok = build_tokenizer()

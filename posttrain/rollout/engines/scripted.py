@@ -1,15 +1,20 @@
-"""A deterministic ``RolloutEngine`` on a virtual clock, for scheduler tests (no model at all).
+"""The one scripted ``RolloutEngine`` (no model at all): a virtual clock for scheduler tests, or given replies.
 
-Each step gives every running request one token. How long a response is comes from ``length_fn``
+Each step gives every running request one token. ``ScriptedEngine``: how long a response is comes from ``length_fn``
 (default: ``request.meta["length"]``, else the forced length, else ``max_new_tokens``); its tokens and
 logprobs are pure functions of (request id, attempt, position, version), so a test can tell which
-policy version produced a token from its logprob alone.
+policy version produced a token from its logprob alone. ``ScriptedTokenEngine`` (gateway, harness and agentic tests:
+random tiny models never emit a valid tool call) emits ``script(request)``'s ids instead, logprobs −0.01·(t+1) −
+0.1·version, finishing with ``stop`` at a stop token of the request, else ``length``; ``step_delay_s`` sleeps per
+step (benchmarks model a fixed engine cost).
 
     engine = ScriptedEngine(capacity=16); engine.submit(requests); engine.step()
+    engine = ScriptedTokenEngine(lambda req: tok.encode("hello") + [im_end])
 """
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +49,8 @@ class ScriptedEngine(QueuedEngine):
         version: int = 0,
         stop_token: int = -1,
         vocab: int = 1000,
+        script: Callable[[Request], list[int]] | None = None,
+        step_delay_s: float = 0.0,
     ) -> None:
         self.vocab = vocab
         """Token ids are drawn below this (a model's vocabulary size when a learner trains on them)."""
@@ -52,8 +59,13 @@ class ScriptedEngine(QueuedEngine):
         self.length_fn = length_fn
         self.stop_token = stop_token
         """Token appended as the last one of a response that ends before its length limit (-1: none)."""
-        self._queue: deque[Trajectory] = deque()
-        self._running: list[Trajectory] = []
+        self.script, self.step_delay_s = script, step_delay_s
+        self._queue: deque[tuple[Trajectory, list[int] | None]] = deque()
+        self._running: list[tuple[Trajectory, list[int] | None]] = []
+        self.emitted: dict[str, list[int]] = {}
+        """request id → the ids this engine emitted (what tests compare the trace store with)."""
+        self.prompts: dict[str, list[int]] = {}
+        """request id → the prompt ids it was given."""
         self.steps = 0
         self.decoded = 0
         self.resumed: list[str] = []
@@ -61,25 +73,27 @@ class ScriptedEngine(QueuedEngine):
         self.weight_updates: list[int] = []
 
     def submit(self, requests: Sequence[Request]) -> None:
-        self._queue.extend(Trajectory(request=r) for r in requests)
+        for r in requests:
+            self.prompts[r.request_id] = list(r.prompt_ids)
+            self._queue.append((Trajectory(request=r), None if self.script is None else list(self.script(r))))
 
     def resume(self, trajectories: Sequence[Trajectory]) -> None:
         for t in trajectories:
             if t.finished:
                 raise ValueError(f"{t.request_id} is finished; only paused trajectories resume")
             self.resumed.append(t.request_id)
-            self._queue.append(t)
+            self._queue.append((t, None if self.script is None else list(self.script(t.request))))
 
     def pause(self) -> list[Trajectory]:
-        out = self._running + list(self._queue)
+        out = [t for t, _ in [*self._running, *self._queue]]
         self._running, self._queue = [], deque()
         return out
 
     def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
         ids = set(request_ids)
-        out = [t for t in [*self._running, *self._queue] if t.request_id in ids]
-        self._running = [t for t in self._running if t.request_id not in ids]
-        self._queue = deque(t for t in self._queue if t.request_id not in ids)
+        out = [t for t, _ in [*self._running, *self._queue] if t.request_id in ids]
+        self._running = [x for x in self._running if x[0].request_id not in ids]
+        self._queue = deque(x for x in self._queue if x[0].request_id not in ids)
         for t in out:
             t.finish_reason = FINISH_ABORT
         return out
@@ -93,13 +107,19 @@ class ScriptedEngine(QueuedEngine):
     def step(self) -> StepOutput:
         out = StepOutput()
         while self._queue and len(self._running) < self._capacity:
-            t = self._queue.popleft()
+            t, ids = self._queue.popleft()
             out.n_prefilled_tokens += len(t.prompt_ids) + t.n_tokens
-            self._running.append(t)
+            self._running.append((t, ids))
         if not self._running:
             return out
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         keep = []
-        for t in self._running:
+        for t, ids in self._running:
+            if ids is not None:
+                if not self._reply(t, ids, out):
+                    keep.append((t, ids))
+                continue
             limit = t.request.params.target_length
             length = max(1, min(self.length_fn(t), limit))
             pos = t.n_tokens
@@ -115,9 +135,33 @@ class ScriptedEngine(QueuedEngine):
                 t.finish_reason = FINISH_STOP if length < limit else FINISH_LENGTH
                 out.finished.append(t)
             else:
-                keep.append(t)
+                keep.append((t, ids))
         out.n_decoded = len(self._running)
         self.steps += 1
         self.decoded += out.n_decoded
         self._running = keep
         return out
+
+    def _reply(self, t: Trajectory, ids: list[int], out: StepOutput) -> bool:
+        """The next id of a scripted reply; True when the trajectory finished."""
+        p, pos = t.request.params, t.n_tokens
+        tok = ids[pos] if pos < len(ids) else (p.stop_token_ids[0] if p.stop_token_ids else 0)
+        t.append(tok, -0.01 * (pos + 1) - 0.1 * self._version, self._version)
+        out.new_tokens[t.request_id] = [tok]
+        if tok in p.stop_token_ids and not p.ignore_eos:
+            t.finish_reason = FINISH_STOP
+        elif t.n_tokens >= p.target_length:
+            t.finish_reason = FINISH_LENGTH
+        if t.finished:
+            self.emitted[t.request_id] = list(t.token_ids)
+            out.finished.append(t)
+        return t.finished
+
+
+class ScriptedTokenEngine(ScriptedEngine):
+    """Emits ``script(request)``'s ids, one per step (the replies of a scripted agent)."""
+
+    def __init__(
+        self, script: Callable[[Request], list[int]], capacity: int = 64, version: int = 0, step_delay_s: float = 0.0
+    ) -> None:
+        super().__init__(capacity, version=version, script=script, step_delay_s=step_delay_s)

@@ -15,7 +15,7 @@ import pytest
 
 from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
 from posttrain.agentic.guard import GatewayLimits, Guard, load_api_keys
-from posttrain.agentic.scripted import ScriptedTokenEngine
+from posttrain.rollout.engines.scripted import ScriptedTokenEngine
 from posttrain.tiny.agentic import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from posttrain.agentic.gateway import Gateway, GatewayConfig, build_app
-from posttrain.agentic.scripted import ScriptedTokenEngine
+from posttrain.rollout.engines.scripted import ScriptedTokenEngine
 from posttrain.tiny.agentic import build_tokenizer
 
 TOOLS_OPENAI = [

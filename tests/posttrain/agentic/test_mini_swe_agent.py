@@ -19,8 +19,8 @@ import minisweagent  # noqa: E402,F401  (dev extra: a missing harness must fail,
 from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app  # noqa: E402
 from posttrain.agentic.jail import JailedEnvironment  # noqa: E402
 from posttrain.agentic.rl import ScriptedAgent, tool_call_text  # noqa: E402
-from posttrain.agentic.scripted import ScriptedTokenEngine  # noqa: E402
 from posttrain.agentic.tasks import PASS, coding_tasks, verify  # noqa: E402
+from posttrain.rollout.engines.scripted import ScriptedTokenEngine  # noqa: E402
 from posttrain.tiny.agentic import build_tokenizer  # noqa: E402
 
 

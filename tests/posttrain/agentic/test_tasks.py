@@ -17,9 +17,9 @@ from posttrain.agentic.rl import (
     session_steps,
     tool_call_text,
 )
-from posttrain.agentic.scripted import ScriptedTokenEngine
 from posttrain.agentic.tasks import FAIL, INFRA, PASS, SimpleHarness, coding_tasks, network_isolation, verify
 from posttrain.objectives.credit import annotate
+from posttrain.rollout.engines.scripted import ScriptedTokenEngine
 from posttrain.tiny.agentic import build_tokenizer
 
 TOOLS = {"write_file", "read_file", "run_tests"}

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from posttrain.agentic.scripted import ScriptedTokenEngine
 from posttrain.rollout.engines.hf import HFEngine
-from posttrain.rollout.engines.scripted import ScriptedEngine
+from posttrain.rollout.engines.scripted import ScriptedEngine, ScriptedTokenEngine
 from posttrain.rollout.engines.speculative import SpeculativeEngine
 from posttrain.rollout.types import Request, SamplingParams
 from posttrain.tiny.lm import causal_lm
