@@ -10,7 +10,7 @@ module only places them on a Ray cluster:
   all; a weight update is put in the object store once and every worker reads it from there. Finished and
   paused trajectories come back in admission order, so with per-worker capacity summing to an in-process
   engine's capacity the scheduler sees the same sequence of events as in-process.
-  Over ``SpeculativeEngine`` workers (``SpeculativeEngineFactory``) it also syncs the draft (``update_draft``,
+  Over ``SpeculativeEngine`` workers (``engine.kind=speculative``) it also syncs the draft (``update_draft``,
   object store once, like the policy) and combines the speculative statistics: counters summed, the
   verification log merged per step into the groups one engine would have batched (``take_round_log``), so the
   online draft trainer in the driver sees what it sees in-process.
@@ -269,7 +269,7 @@ class RayEngine:
 
     def _need_speculative(self, what: str) -> None:
         if not self.speculative:
-            raise RuntimeError(f"{what}: the engine workers are not speculative (use SpeculativeEngineFactory)")
+            raise RuntimeError(f"{what}: the engine workers are not speculative (engine.kind=speculative)")
 
     def _merge_rounds(self, rounds: list[tuple[tuple[int, int], tuple[str, ...], list[int]]]) -> None:
         """One step's rounds from every worker → the groups one ``SpeculativeEngine`` holding all these requests
@@ -310,55 +310,6 @@ class RayEngine:
 def ray_rollout_engine(factory: EngineFactory, n_workers: int, num_cpus: float = 1) -> RayEngine:
     """The engine ``posttrain rl --ray`` uses: ``n_workers`` engine actors behind one ``RolloutEngine``."""
     return RayEngine(start_engine_workers(factory, n_workers, num_cpus=num_cpus))
-
-
-class HFEngineFactory:
-    """Picklable factory: an ``HFEngine`` around ``build_model()`` (called on the worker), with ``capacity`` slots.
-
-    ``record_routes``: install the R3 recorder (MoE policies; requests then fill ``Trajectory.routed_experts``).
-    """
-
-    def __init__(
-        self, build_model: Callable[[], Any], capacity: int, version: int = 0, record_routes: bool = False
-    ) -> None:
-        self.build_model, self.capacity, self.version = build_model, capacity, version
-        self.record_routes = record_routes
-
-    def __call__(self) -> RolloutEngine:
-        from posttrain.rollout.engines.hf import HFEngine
-
-        engine = HFEngine(self.build_model().eval(), capacity=self.capacity, version=self.version)
-        if self.record_routes:
-            from posttrain.objectives.r3 import EngineRoutingRecorder
-
-            engine.experts_recorder = EngineRoutingRecorder(engine.model)
-        return engine
-
-
-class SpeculativeEngineFactory:
-    """Picklable factory: a ``SpeculativeEngine`` (policy from ``build_model()``, draft from ``build_draft(policy)``,
-    both called on the worker) proposing ``k`` tokens per round, with ``capacity`` slots."""
-
-    def __init__(
-        self,
-        build_model: Callable[[], Any],
-        build_draft: Callable[[Any], Any],
-        k: int,
-        capacity: int,
-        version: int = 0,
-        draft_version: int = 0,
-    ) -> None:
-        self.build_model, self.build_draft, self.k, self.capacity = build_model, build_draft, k, capacity
-        self.version, self.draft_version = version, draft_version
-
-    def __call__(self) -> RolloutEngine:
-        from posttrain.rollout.engines.speculative import SpeculativeEngine
-
-        policy = self.build_model().eval()
-        draft = self.build_draft(policy).eval()
-        return SpeculativeEngine(
-            policy, draft, k=self.k, capacity=self.capacity, version=self.version, draft_version=self.draft_version
-        )
 
 
 def ensure_ray(address: str, n_workers: int) -> None:

@@ -218,10 +218,11 @@ def test_hf_engine_records_routes_and_learner_replay_reproduces_its_logprobs(mod
 def test_ray_engine_factory_installs_the_recorder_on_moe_engines():
     import functools
 
-    from posttrain.ray_actors import HFEngineFactory
+    from posttrain.rl.engines import EngineFactory
+    from posttrain.rl.recipes import debug
     from posttrain.rollout.types import Request, SamplingParams
 
-    engine = HFEngineFactory(functools.partial(build_tiny_moe_lm, seed=0), capacity=2, record_routes=True)()
+    engine = EngineFactory(debug(), 2, build=functools.partial(build_tiny_moe_lm, seed=0))()  # R3 from its config
     engine.submit(
         [Request("r", [3, 4, 5], SamplingParams(max_new_tokens=4, forced_length=4, return_routed_experts=True))]
     )

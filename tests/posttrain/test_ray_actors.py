@@ -118,10 +118,12 @@ def in_process():
 def test_two_engine_workers_on_two_nodes_reproduce_the_in_process_run(ray_cluster, in_process):
     import ray
 
-    from posttrain.ray_actors import HFEngineFactory, RayEngine, start_engine_workers
+    from posttrain.ray_actors import RayEngine, start_engine_workers
+    from posttrain.rl.engines import EngineFactory
+    from posttrain.rl.recipes import debug
 
     _sched, build_model, _cfg = parts()
-    workers = start_engine_workers(HFEngineFactory(build_model, capacity=8), n_workers=2)
+    workers = start_engine_workers(EngineFactory(debug(), 8, build=build_model), n_workers=2)
     try:
         engine = RayEngine(workers)
         assert engine.capacity == 16

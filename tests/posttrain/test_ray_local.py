@@ -20,13 +20,15 @@ def test_local_ray_with_two_engine_workers_matches_in_process():
         pytest.skip("Ray binds every interface: run inside `unshare -n sh -c 'ip link set lo up && exec pytest ...'`")
     import ray
 
-    from posttrain.ray_actors import HFEngineFactory, RayEngine, init_ray, shutdown_ray, start_engine_workers
+    from posttrain.ray_actors import RayEngine, init_ray, shutdown_ray, start_engine_workers
+    from posttrain.rl.engines import EngineFactory
+    from posttrain.rl.recipes import debug
 
     _sched, build_model, _cfg = parts()
     resources = init_ray("local", num_cpus=2)
     try:
         assert resources["CPU"] == 2
-        engine = RayEngine(start_engine_workers(HFEngineFactory(build_model, capacity=8), n_workers=2))
+        engine = RayEngine(start_engine_workers(EngineFactory(debug(), 8, build=build_model), n_workers=2))
         batches, rows = run_steps_in_driver(engine)
         reported, done = new_tokens_over_ray(engine)
     finally:
