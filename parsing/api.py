@@ -18,6 +18,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from formats.records import Document, Dropped, Page, page_id, sha256_hex, split_
 from parsing.backends import BackendUnavailable, ensure_mineru_env
 from parsing.config import ParseConfig
 from parsing.validate import quick_checks
-from parsing.worker import EOF, TIMEOUT, FrameReader, write_frame
+from parsing.worker import EOF, HELPER_DIED, TIMEOUT, FrameReader, write_frame
 
 PARSER_VERSION = "parsing-4"
 """Bump whenever parser output changes for the same input and config (invalidates resumption)."""
@@ -37,9 +38,12 @@ FINISH_GRACE_S = 30.0
 processes itself (and restarts them), so the parent only steps in when the worker itself is stuck."""
 
 TEST_HANG_ENV = "SCIFOLIO_PARSE_TEST_HANG"
+"""Test hook: ``open`` or ``page:N`` makes the worker hang there (exercises the timeouts)."""
 TEST_RAISE_ENV = "SCIFOLIO_PARSE_TEST_RAISE"
 """Test hook: ``ExcName:page:N`` makes the worker's backend raise ``ExcName`` on page N (``parsing.core``)."""
-"""Test hook: ``open`` or ``page:N`` makes the worker hang there (exercises the timeouts)."""
+TEST_KILL_ENV = "SCIFOLIO_PARSE_TEST_KILL"
+"""Test hook: ``N:MARKER`` makes the worker SIGKILL itself when a window holding page N starts, unless the file
+MARKER exists (it is created first): one death, as the kernel's OOM killer would deal it; ``N:`` every time."""
 
 
 def _remove_files(log: Any, workdir: str) -> None:
@@ -141,179 +145,42 @@ class Parser:
         if early is not None:
             yield early
             return
-        doc_id = sha256_hex(data)
-        hang = os.environ.get(TEST_HANG_ENV) or None
-        raise_hook = os.environ.get(TEST_RAISE_ENV) or None
-        # The document's clock starts when a worker is ready for it (a cold or restarted worker's start-up is
-        # not the document's time; WORKER_START_TIMEOUT_S bounds that).
-        doc_deadline = float("inf")
-        document: Document | None = None
-        done_pages: set[int] = set()
-        # Work queue of (pages, window size); None pages = the whole document (count unknown until opened).
-        queue: list[tuple[list[int] | None, int]] = [(None, config.page_window)]
-
-        def page_drop(i: int, reason: str, **detail: Any) -> Dropped:
-            return Dropped(page_id(doc_id, i), "parse", reason, {"source": source, **detail})
-
+        doc = _DocRun(sha256_hex(data), source, config)
+        hooks = {k: os.environ.get(env) or None for k, env in (("hang", TEST_HANG_ENV), ("raise", TEST_RAISE_ENV))}
+        hooks["kill"] = os.environ.get(TEST_KILL_ENV) or None
+        queue = [Job(None, config.page_window)]  # None pages: the whole document (its page count is unknown yet)
         while queue:
-            pages, window_size = queue.pop(0)
+            job = queue.pop(0)
             self._send_job(
-                {
-                    "workdir": self._workdir,
-                    "data": data,
-                    "source": source,
-                    "config": config,
-                    "pages": pages,
-                    "window": window_size,
-                    "hang": hang,
-                    "raise": raise_hook,
-                }
+                {"workdir": self._workdir, "data": data, "source": source, "config": config, "pages": job.pages}
+                | {"window": job.window}
+                | hooks
             )
+            attempt = _Attempt(deadline=min(doc.deadline, time.monotonic() + WORKER_START_TIMEOUT_S))
             finished = False
-            window: list[int] = []
-            ready = False  # the worker has loaded its backend: from here on time is the document's
-            probing: int | None = None  # the page whose content stream the worker is reading, if any
-            page_s = config.page_timeout_s
-            deadline = min(doc_deadline, time.monotonic() + WORKER_START_TIMEOUT_S)
             try:
                 while True:
                     assert self._reader is not None
-                    msg = self._reader.read(deadline)
+                    msg = self._reader.read(attempt.deadline)
                     if msg is TIMEOUT or msg is EOF:
-                        self._kill()
+                        failure = self._failure(msg is EOF, config)
                         # The replacement loads its backend now, while the caller handles this document.
                         self.warm(config)
-                        crashed = msg is EOF
-                        now = time.monotonic()
-                        if not ready and now < doc_deadline:  # nothing of the document was touched yet
-                            # An infrastructure failure, not the document's: the corpus job retries it.
-                            yield Dropped(
-                                doc_id,
-                                "open",
-                                "worker_start",
-                                {
-                                    "source": source,
-                                    "detail": "the parse worker "
-                                    + ("crashed while starting: " + self._log_tail() if crashed else "did not start")
-                                    + f" within {WORKER_START_TIMEOUT_S} s",
-                                },
-                            )
+                        end = doc.stopped(attempt, failure, time.monotonic())
+                        if end is not None:
+                            yield end
                             return
-                        if now >= doc_deadline:
-                            missing = self._missing(document, done_pages)
-                            yield Dropped(
-                                doc_id,
-                                "parse" if document else "open",
-                                "timeout",
-                                {
-                                    "source": source,
-                                    "detail": f"document exceeded doc_timeout_s={config.doc_timeout_s}",
-                                    "pages_missing": missing,
-                                },
-                            )
-                            return
-                        if document is None:  # died or hung while opening
-                            yield Dropped(
-                                doc_id,
-                                "open",
-                                "crash" if crashed else "timeout",
-                                {
-                                    "source": source,
-                                    "detail": self._log_tail()
-                                    if crashed
-                                    else f"opening exceeded page_timeout_s={config.page_timeout_s}",
-                                },
-                            )
-                            return
-                        if probing is not None and probing not in done_pages:
-                            # The worker was reading this page's content alone: it is the page that hangs.
-                            yield page_drop(
-                                probing,
-                                "crash" if crashed else "timeout",
-                                detail=self._log_tail()
-                                if crashed
-                                else f"page exceeded page_timeout_s={page_s} (reading its content)",
-                            )
-                            done_pages.add(probing)
-                            rest = [
-                                i
-                                for i in (pages if pages is not None else range(document.n_pages))
-                                if i not in done_pages
-                            ]
-                            if rest:
-                                queue.insert(0, (rest, window_size))
-                            finished = True
-                            break
-                        pending = [i for i in window if i not in done_pages]
-                        rest = [
-                            i
-                            for i in (pages if pages is not None else range(document.n_pages))
-                            if i not in done_pages and i not in pending
-                        ]
-                        if not pending and rest:  # stalled between windows: blame the next page, never loop
-                            pending, rest = [rest[0]], rest[1:]
-                        if len(pending) > 1:
-                            # Which page of the window hung is unknown: retry each alone, then the rest.
-                            queue[:0] = [([i], 1) for i in pending]
-                        elif pending:
-                            yield page_drop(
-                                pending[0],
-                                "crash" if crashed else "timeout",
-                                detail=self._log_tail()
-                                if crashed
-                                else f"page exceeded page_timeout_s={config.page_timeout_s}",
-                            )
-                            done_pages.add(pending[0])
-                        rest = [i for i in rest if i not in pending]
-                        if rest:
-                            queue.insert(len(pending) if len(pending) > 1 else 0, (rest, window_size))
+                        drops, retry = blame(job, attempt, doc.done, doc.n_pages, failure)
+                        for i in drops:
+                            yield doc.page_drop(i, failure.reason, failure.detail)
+                        queue[:0] = retry
                         finished = True
                         break
                     kind, payload = msg
-                    now = time.monotonic()
-                    if kind == "ready":
-                        ready = True
-                        if doc_deadline == float("inf"):
-                            doc_deadline = now + config.doc_timeout_s
-                        deadline = min(doc_deadline, now + page_s)  # opening the file
-                    elif kind == "doc":
-                        if document is None:
-                            document = payload
-                            yield payload
-                        # Next the pages are probed, each under the page timeout that the worker enforces.
-                        deadline = min(doc_deadline, now + page_s + FINISH_GRACE_S)
-                    elif kind == "probe":
-                        probing = payload
-                        deadline = min(doc_deadline, now + page_s)
-                    elif kind == "window":
-                        probing, window = None, payload
-                        # The backend parses the window in one call: a page's time is not seen apart.
-                        deadline = min(doc_deadline, now + page_s * len(window))
-                    elif kind == "progress":
-                        deadline = min(doc_deadline, max(deadline, now + page_s + FINISH_GRACE_S))
-                    elif kind == "finishing":
-                        probing, window = None, payload
-                        deadline = min(doc_deadline, max(deadline, now + page_s + FINISH_GRACE_S))
-                    elif kind in ("page", "dropped"):
-                        if document is None:  # validation failed inside the worker
-                            yield payload
-                            continue
-                        # Progress: the next page the finishers hold has its own page timeout from now.
-                        deadline = min(doc_deadline, max(deadline, now + page_s + FINISH_GRACE_S))
-                        idx = payload.page_index if kind == "page" else split_page_id(payload.item_id)[1]
-                        if idx not in done_pages:
-                            done_pages.add(idx)
-                            yield payload
-                    elif kind == "fatal":
+                    yield from doc.handle(attempt, kind, payload, time.monotonic())
+                    if kind == "fatal":
                         raise BackendUnavailable(payload)
-                    elif kind == "error":
-                        missing = self._missing(document, done_pages)
-                        if document is None:
-                            yield Dropped(doc_id, "open", "worker_error", {"source": source, "detail": payload})
-                        for i in missing:
-                            yield page_drop(i, "worker_error", detail=payload)
-                            done_pages.add(i)
-                    elif kind == "done":
+                    if kind == "done":
                         finished = True
                         if payload > config.worker_max_rss_mb:
                             self.close_worker()
@@ -321,12 +188,24 @@ class Parser:
             finally:
                 if not finished:  # the consumer stopped early: the worker is mid-job and must not be reused
                     self._kill()
-            if document is None:
+            if doc.document is None:
                 return
 
-    @staticmethod
-    def _missing(document: Document | None, done: set[int]) -> list[int]:
-        return [] if document is None else [i for i in range(document.n_pages) if i not in done]
+    def _failure(self, eof: bool, config: ParseConfig) -> Failure:
+        """Why the current job ended without "done": the worker went silent past its deadline (it is killed), or
+        its pipe closed (it died: by a signal — the kernel's OOM killer, a segfault —, or a helper of it died)."""
+        if not eof:
+            self._kill()
+            return Failure("timeout", f"page exceeded page_timeout_s={config.page_timeout_s}", death=False)
+        rc = None
+        if self._proc is not None:
+            try:
+                rc = self._proc.wait(timeout=5)  # its pipe is closed: it has exited or is about to
+            except subprocess.TimeoutExpired:
+                rc = None
+        tail = self._log_tail()
+        self._kill()
+        return exit_failure(rc, tail)
 
     def close_worker(self) -> None:
         """Stop the current worker; the next document starts a fresh one."""
@@ -337,6 +216,170 @@ class Parser:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self._kill()
+
+
+# --------------------------------------------------------------------------------- supervision, pure parts
+@dataclass
+class Job:
+    """Pages sent to the worker in one message: ``pages`` None is the whole document, ``window`` pages go to the
+    backend at once; ``retry`` marks a page sent alone again after its worker died (a second death is final)."""
+
+    pages: list[int] | None
+    window: int
+    retry: bool = False
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a job ended without "done": ``reason`` for its pages' dead letters (``timeout``, ``crash`` for a content
+    crash, ``worker_killed`` for a death), ``death`` when the worker died rather than hung or failed (a signal: the
+    kernel's OOM killer, a segfault; a helper's death): its pages get one more try, each alone on a fresh
+    worker, before a page is quarantined as ``worker_killed``."""
+
+    reason: str
+    detail: str
+    death: bool
+
+
+def exit_failure(returncode: int | None, log_tail: str) -> Failure:
+    """The failure of a worker whose pipe closed, from its exit status: killed by signal N (returncode -N), a
+    helper process died under it (``worker.HELPER_DIED``), or it crashed otherwise (a content failure)."""
+    import signal
+
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown"
+        return Failure("worker_killed", f"worker killed (signal {-returncode}, {name})", death=True)
+    if returncode == HELPER_DIED:
+        return Failure("worker_killed", "a helper process of the parse worker died: " + log_tail, death=True)
+    return Failure("crash", log_tail, death=False)
+
+
+@dataclass
+class _Attempt:
+    """What the parent has heard from the worker during one job."""
+
+    deadline: float
+    ready: bool = False
+    """The worker has loaded its backend: from here on time is the document's."""
+    window: list[int] = field(default_factory=list)
+    """Pages the worker said are in flight (a backend window, or the pages the finishers hold)."""
+    probing: int | None = None
+    """The page whose content the worker is reading on its own thread (the sequential path), if any."""
+
+
+def next_deadline(kind: str, payload: Any, now: float, deadline: float, doc_deadline: float, page_s: float) -> float:
+    """The parent's deadline for the worker's next message after a message ``kind``. Opening the file and
+    reading one page's content get the page timeout; a backend window the page timeout per page (the backend
+    parses it in one call: a page's time is not seen apart); progress of the finishers, which enforce the page
+    timeout themselves, extends it to one page timeout plus ``FINISH_GRACE_S``; never past the document's."""
+    grace = now + page_s + FINISH_GRACE_S
+    if kind in ("ready", "probe"):
+        return min(doc_deadline, now + page_s)
+    if kind == "doc":
+        return min(doc_deadline, grace)
+    if kind == "window":
+        return min(doc_deadline, now + page_s * len(payload))
+    if kind in ("progress", "finishing", "page", "dropped"):
+        return min(doc_deadline, max(deadline, grace))
+    return deadline
+
+
+def blame(job: Job, attempt: _Attempt, done: set[int], n_pages: int, failure: Failure) -> tuple[list[int], list[Job]]:
+    """After a job failed: the pages to quarantine with ``failure.reason`` now, and the jobs to run next (in
+    order, before anything queued). The page the worker was reading alone is the culprit; in a window, which
+    page failed is unknown, so each is retried alone, then the rest of the job. A page alone whose worker
+    died (``failure.death``) is tried once more on a fresh worker before it is quarantined."""
+    pages = job.pages if job.pages is not None else list(range(n_pages))
+    left = [i for i in pages if i not in done]
+    if attempt.probing is not None and attempt.probing not in done:
+        pending = [attempt.probing]
+    else:
+        pending = [i for i in attempt.window if i not in done]
+        if not pending and left:  # stalled between windows: blame the next page, never loop
+            pending = left[:1]
+    rest = [i for i in left if i not in pending]
+    tail = [Job(rest, job.window)] if rest else []
+    if len(pending) > 1:
+        return [], [Job([i], 1, retry=failure.death) for i in pending] + tail
+    if pending and failure.death and not (job.retry and job.pages == pending):
+        return [], [Job(pending, 1, retry=True), *tail]
+    return pending, tail
+
+
+class _DocRun:
+    """One document's state across the jobs of ``Parser.iter_parse``: its record once opened, the pages already
+    answered, the document's deadline; turns the worker's messages into records."""
+
+    def __init__(self, doc_id: str, source: str, config: ParseConfig) -> None:
+        self.doc_id, self.source, self.config = doc_id, source, config
+        self.document: Document | None = None
+        self.done: set[int] = set()
+        self.deadline = float("inf")  # starts when a worker is first ready for the document
+
+    @property
+    def n_pages(self) -> int:
+        return self.document.n_pages if self.document is not None else 0
+
+    def page_drop(self, i: int, reason: str, detail: str) -> Dropped:
+        self.done.add(i)
+        return Dropped(page_id(self.doc_id, i), "parse", reason, {"source": self.source, "detail": detail})
+
+    def missing(self) -> list[int]:
+        return [i for i in range(self.n_pages) if i not in self.done]
+
+    def stopped(self, attempt: _Attempt, failure: Failure, now: float) -> Dropped | None:
+        """The document's own dead letter when a failed job ends it: the worker never became ready (an
+        infrastructure failure: the corpus job retries the document), the document's time ran out, or the
+        worker failed while opening it."""
+        info: dict[str, Any] = {"source": self.source}
+        if not attempt.ready and now < self.deadline:  # nothing of the document was touched yet
+            what = "crashed while starting: " + failure.detail if failure.reason != "timeout" else "did not start"
+            info["detail"] = f"the parse worker {what} within {WORKER_START_TIMEOUT_S} s"
+            return Dropped(self.doc_id, "open", "worker_start", info)
+        if now >= self.deadline:
+            info |= {"detail": f"document exceeded doc_timeout_s={self.config.doc_timeout_s}"}
+            info["pages_missing"] = self.missing()
+            return Dropped(self.doc_id, "parse" if self.document else "open", "timeout", info)
+        if self.document is None:  # died or hung while opening
+            timeout = failure.reason == "timeout"
+            info["detail"] = (
+                f"opening exceeded page_timeout_s={self.config.page_timeout_s}" if timeout else failure.detail
+            )
+            return Dropped(self.doc_id, "open", failure.reason, info)
+        return None
+
+    def handle(self, attempt: _Attempt, kind: str, payload: Any, now: float) -> Iterator[Document | Page | Dropped]:
+        """Records for one worker message, and the attempt's next deadline."""
+        if kind == "ready":
+            attempt.ready = True
+            if self.deadline == float("inf"):
+                self.deadline = now + self.config.doc_timeout_s
+        elif kind == "doc" and self.document is None:
+            self.document = payload
+            yield payload
+        elif kind == "probe":
+            attempt.probing = payload
+        elif kind in ("window", "finishing"):
+            attempt.probing, attempt.window = None, payload
+        elif kind in ("page", "dropped"):
+            if self.document is None:  # validation failed inside the worker
+                yield payload
+                return
+            idx = payload.page_index if kind == "page" else split_page_id(payload.item_id)[1]
+            if idx not in self.done:
+                self.done.add(idx)
+                yield payload
+        elif kind == "error":
+            if self.document is None:
+                yield Dropped(self.doc_id, "open", "worker_error", {"source": self.source, "detail": payload})
+            for i in self.missing():
+                yield self.page_drop(i, "worker_error", payload)
+        attempt.deadline = next_deadline(
+            kind, payload, now, attempt.deadline, self.deadline, self.config.page_timeout_s
+        )
 
 
 _DEFAULT: Parser | None = None
@@ -355,7 +398,8 @@ def iter_parse(data: bytes, source: str, config: ParseConfig) -> Iterator[Docume
 
     Yields first a ``Document`` (validated) or a ``Dropped`` (stage ``open``) and then stops; after a Document,
     ``Page`` records in page order and ``Dropped(item_id=f"{doc_id}:{page}", stage="parse")`` for pages that
-    failed (reasons ``timeout``, ``crash``, ``backend_error``, ``render_error``, ``worker_error``, and
+    failed (reasons ``timeout``, ``crash``, ``worker_killed`` — its worker died by a signal on it twice, the second
+    time parsing it alone on a fresh worker —, ``backend_error``, ``render_error``, ``worker_error``, and
     ``infrastructure`` for a backend failure of the machine, not the page, which the caller must retry; a worker that
     could not start gives the document ``open``/``worker_start``, an infrastructure failure). A document
     that exceeds ``doc_timeout_s`` ends with ``Dropped(item_id=doc_id, reason="timeout")`` listing the pages

@@ -42,6 +42,8 @@ from parsing.procs import die_with_parent, rss_mb
 _HEADER = struct.Struct("<Q")
 TIMEOUT = object()
 EOF = object()
+HELPER_DIED = 70
+"""The worker's exit status when one of its helper processes died (``BrokenProcessPool``): a death, as a signal."""
 
 
 def write_frame(stream: BinaryIO, obj: Any) -> None:
@@ -108,7 +110,7 @@ def run_job(job: dict[str, Any], backends: Any, send: Any, helpers: Any = None) 
     from parsing.validate import open_pdf
 
     config = job["config"]
-    hang = job.get("hang")
+    hang, kill = job.get("hang"), job.get("kill")
     parsing.core.TEST_RAISE = job.get("raise")
     # Loading the backend (a restarted worker does it here) is start-up, not the document's time: the parent's
     # page and open timeouts start counting at "ready".
@@ -139,7 +141,8 @@ def run_job(job: dict[str, Any], backends: Any, send: Any, helpers: Any = None) 
                 for rec in parse_window(doc, pdf_path, document, window, config, backends, hang, scans):
                     send(("page" if not isinstance(rec, Dropped) else "dropped", rec))
             return 0.0
-        return _pipelined(doc, pdf_path, document, list(windows(pages, size)), config, backends, helpers, hang, send)
+        page_windows = list(windows(pages, size))
+        return _pipelined(doc, pdf_path, document, page_windows, config, backends, helpers, hang, kill, send)
     finally:
         doc.close()
         Path(pdf_path).unlink(missing_ok=True)
@@ -212,6 +215,7 @@ def _pipelined(
     backends: Any,
     helpers: Any,
     hang: str | None,
+    kill: str | None,
     send: Any,
 ) -> float:
     """Windows go to the backend in groups of ``1 + config.backend_lanes``, the first here, the others in the
@@ -294,6 +298,7 @@ def _pipelined(
             lanes = [(helpers.backend(w, config, s) if w else None, h) for w, s, h in others]
             # The parent's deadline covers the pages the finishers still hold plus this group's windows.
             send(("window", [i for i, _ in outbox] + [i for w, _, _ in probed for i in w]))
+            _kill_if(kill, [i for w, _, _ in probed for i in w])
             parsed = backend_window(doc, pdf_path, document, mine, config, backends, scans) if mine else []
             enqueue(sorted(parsed + hung, key=lambda x: x[0]))
             emit(block=False)
@@ -309,12 +314,23 @@ def _pipelined(
     except BrokenProcessPool:  # a helper died (e.g. MuPDF crashed on a page): crash as the worker would have
         sys.stderr.write(traceback.format_exc(limit=4))
         sys.stderr.flush()
-        os._exit(70)  # the parent sees EOF and retries the pages in flight one by one
+        os._exit(HELPER_DIED)  # the parent sees EOF and retries the pages in flight one by one
     finally:
         for _, item in outbox:  # only after an error: do not finish pages nobody will read
             if isinstance(item, list) and item[1] is not TIMED_OUT:
                 item[1].cancel()
     return peak
+
+
+def _kill_if(hook: str | None, pages: list[int]) -> None:
+    """Test hook (``api.TEST_KILL_ENV``, ``N:MARKER``): SIGKILL this process once when ``pages`` hold page N
+    (every time when MARKER is empty)."""
+    if hook:
+        page, marker = hook.split(":", 1)
+        if int(page) in pages and not (marker and Path(marker).exists()):
+            if marker:
+                Path(marker).touch()
+            os.kill(os.getpid(), 9)
 
 
 def warm(config: Any, backends: Any, helpers: Any) -> None:

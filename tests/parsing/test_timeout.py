@@ -41,3 +41,24 @@ def test_document_timeout(parser, monkeypatch, window):
     last = recs[-1]
     assert isinstance(last, Dropped) and last.item_id == recs[0].doc_id and last.reason == "timeout"
     assert last.detail["pages_missing"] == [1] or last.detail["pages_missing"] == [0, 1]
+
+
+def test_a_worker_killed_mid_document_is_retried_on_a_fresh_one(parser, monkeypatch, tmp_path):
+    """SIGKILL (as the kernel's OOM killer deals it) when page 1's window starts: the pages in flight are parsed
+    again, one at a time, on a fresh worker; nothing is lost. A page whose worker dies on it alone twice is
+    quarantined as ``worker_killed``, apart from content crashes."""
+    from parsing.api import TEST_KILL_ENV
+
+    monkeypatch.setenv(TEST_KILL_ENV, f"1:{tmp_path / 'killed-once'}")
+    recs = list(parser.iter_parse(paper_pdf(), "paper.pdf", ParseConfig(**FAST)))
+    assert (tmp_path / "killed-once").exists()  # the worker did die
+    assert [type(r) for r in recs] == [Document, Page, Page]
+    assert [r.page_index for r in recs[1:]] == [0, 1]
+
+    # dies every time page 1 is in flight: page 0 is kept, page 1 quarantined after its retry alone
+    monkeypatch.setenv(TEST_KILL_ENV, "1:")
+    recs = list(parser.iter_parse(paper_pdf(), "paper.pdf", ParseConfig(**FAST)))
+    assert [r.page_index for r in recs if isinstance(r, Page)] == [0]
+    drops = [r for r in recs if isinstance(r, Dropped)]
+    assert [(d.item_id.rsplit(":", 1)[1], d.reason) for d in drops] == [("1", "worker_killed")]
+    assert drops[0].detail["detail"] == "worker killed (signal 9, SIGKILL)"

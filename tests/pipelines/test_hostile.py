@@ -47,8 +47,8 @@ def test_parser_gives_up_on_a_hanging_page_after_one_page_timeout(tmp_path: Path
         assert [(r.item_id.rsplit(":", 1)[1], r.reason) for r in recs if isinstance(r, Dropped)] == [("1", "timeout")]
 
 
-def _build(inputs: Path, out: Path, tokenizer: str) -> float:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _build(inputs: Path, out: Path, tokenizer: str, **extra_env: str) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **extra_env}
     env.pop("SCIFOLIO_PARSE_TEST_HANG", None)
     args = ["build", str(inputs), "--out", str(out), "--tokenizer", tokenizer, "--backend", "pymupdf"]
     args += ["--page-timeout", str(PAGE_TIMEOUT), "--max-tokens", "512", "--overlap", "32", "--no-progress"]
@@ -113,3 +113,19 @@ def test_pages_that_hang_the_renderer_cost_their_pages_not_the_document(tmp_path
     bound = 1.5 * len(hanging) * timeout + 30
     print(f"15 pages, {len(hanging)} hanging the renderer: {elapsed:.1f} s (bound {bound:.1f} s)")
     assert elapsed <= bound, f"{elapsed:.1f} s > {bound:.1f} s"
+
+
+def test_build_retries_a_document_whose_worker_is_killed(tmp_path: Path, tiny_tokenizer: str):
+    """The parse worker is SIGKILLed (as by the OOM killer) when the window holding page 1 starts: the build
+    parses those pages again on a fresh worker and the document lands in the shards whole, as without the kill."""
+    from parsing.api import TEST_KILL_ENV
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    write_paper(inputs / "paper.pdf", n_pages=3, seed=5)
+    marker = tmp_path / "killed-once"
+    _build(inputs, tmp_path / "out", tiny_tokenizer, **{TEST_KILL_ENV: f"1:{marker}"})
+    assert marker.exists()  # the worker did die
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert (manifest["totals"]["documents_in_shards"], manifest["totals"]["pages"]) == (1, 3)
+    assert manifest["dropped_by_reason"] == {}  # no page lost, nothing quarantined
