@@ -654,8 +654,11 @@ def run(
     from parsing import PARSER_VERSION, available_backends
 
     options = PipelineOptions(list(beam_args))
+    standard = options.view_as(beam.options.pipeline_options.StandardOptions)
     if "--runner" not in " ".join(beam_args):
-        options.view_as(beam.options.pipeline_options.StandardOptions).runner = "DirectRunner"
+        standard.runner = "DirectRunner"
+    elif standard.runner == "DaskRunner":  # Beam's, with multi-output transforms split (pipelines.jobs.dask_runner)
+        standard.runner = "pipelines.jobs.dask_runner.DaskRunner"
     fs.makedirs(out)
     n_inputs = count_inputs(inputs, out)
     t0 = time.time()
@@ -664,10 +667,11 @@ def run(
     result = p.run()
     result.wait_until_finish()
     elapsed = time.time() - t0
-    counters = {
-        c.key.metric.name: c.committed if c.committed is not None else c.attempted
-        for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
-    }
+    try:
+        queried = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
+    except NotImplementedError:  # a runner without metrics (Beam's DaskRunner): the manifest has no counters
+        queried = []
+    counters = {c.key.metric.name: c.committed if c.committed is not None else c.attempted for c in queried}
     manifest = write_manifest(
         out,
         config,
