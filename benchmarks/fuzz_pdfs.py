@@ -1,6 +1,9 @@
 """Mutational fuzzing of PDFs through `scifolio build`: every mutant accounted for, no crash, no hang.
 
-    python benchmarks/fuzz_pdfs.py [SEED_DIR] [--mutants 60] [--seed 0] [--page-timeout 10] [--backend pymupdf]
+    python benchmarks/fuzz_pdfs.py [SEED_DIR] [--mutants 60] [--seed 0] [--page-timeout 10] [--backend B --layout L]
+
+The parser is the one `scifolio build` uses by default (``ParseConfig``: MinerU with the fused layout) unless
+``--backend``/``--layout`` say otherwise; the first line of the output names it.
 
 Seeds are the PDFs of SEED_DIR (default ``/work/shared/samples``; with ``--generated``, or when the folder
 is missing, two small papers written by ``tests.pipelines.pdfs.write_paper``). Each mutant is one seed with one
@@ -115,12 +118,15 @@ def _tree_rss_mb(pid: int) -> float:
     return total
 
 
-def run_build(inputs: Path, out: Path, tokenizer: str, page_timeout: float, backend: str, budget_s: float) -> dict:
+def run_build(
+    inputs: Path, out: Path, tokenizer: str, page_timeout: float, backend: str, layout: str, budget_s: float
+) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("SCIFOLIO_PARSE_TEST_HANG", None)
     env.pop("SCIFOLIO_PARSE_TEST_RAISE", None)
     cmd = [sys.executable, "-m", "pipelines.cli", "build", str(inputs), "--out", str(out), "--tokenizer", tokenizer]
-    cmd += ["--backend", backend, "--page-timeout", str(page_timeout), "--no-progress", "--max-error-rate", "1"]
+    cmd += ["--backend", backend, "--layout", layout, "--page-timeout", str(page_timeout), "--no-progress"]
+    cmd += ["--max-error-rate", "1"]
     cmd += ["--max-tokens", "2048", "--overlap", "32", "--no-dedup"]  # every mutant goes through the whole parse
     t0 = time.monotonic()
     proc = subprocess.Popen(
@@ -187,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mutants", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--page-timeout", type=float, default=10.0)
-    ap.add_argument("--backend", default="pymupdf", help="layout backend of the build (default pymupdf: fast)")
+    from parsing.config import ParseConfig
+
+    ap.add_argument("--backend", default=ParseConfig.backend, help="layout backend (default: the build's default)")
+    ap.add_argument("--layout", default=ParseConfig.layout, help="fused or fast (default: the build's default)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the tiny one, written to a temp dir)")
     ap.add_argument("--json", default=None, help="also write the figures as JSON here")
     ap.add_argument(
@@ -232,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception:
                 pages += 1
         budget = 120 + args.page_timeout * max(pages, len(inputs)) * 1.5
-        r = run_build(inputs_dir, tmp_path / "out", tokenizer, args.page_timeout, args.backend, budget)
+        r = run_build(inputs_dir, tmp_path / "out", tokenizer, args.page_timeout, args.backend, args.layout, budget)
         manifest = (tmp_path / "out" / "manifest.json").exists()
         where = account(inputs, tmp_path / "out")[0] if manifest else {n: "LOST" for n in inputs}
         crashes = int(r["rc"] != 0 and not r["killed"]) + int(not manifest and not r["killed"])
@@ -241,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         losses = 0 if r["killed"] else sum(1 for v in where.values() if v == "LOST")
 
     outcome = Counter(f"{kinds[n]:<9} {v}" for n, v in where.items())
+    print(f"backend: {args.backend} (layout {args.layout})")
     print(f"seeds: {len(seed_files)}  mutants: {len(inputs)}  pages (as opened here): {pages}")
     print(f"build: rc={r['rc']} killed={r['killed']} wall={r['wall_s']:.1f}s (budget {budget:.0f}s) ", end="")
     print(f"peak RSS of the build's process tree: {r['peak_rss_mb']:.0f} MiB")
@@ -249,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     if crashes and r["stderr"]:
         print(r["stderr"][-3000:], file=sys.stderr)
     figures = {
+        "backend": args.backend,
+        "layout": args.layout,
         "mutants": len(inputs),
         "seeds": len(seed_files),
         "crashes": crashes,

@@ -34,7 +34,7 @@ def test_short_pdf_fuzz_run_has_no_crash_hang_or_loss(tmp_path, tiny_tokenizer, 
     fuzz = _bench()
     figures = tmp_path / "fuzz.json"
     rc = fuzz.main(
-        ["--generated", "--mutants", "8", "--page-timeout", "5", "--tokenizer", tiny_tokenizer]
+        ["--generated", "--mutants", "8", "--page-timeout", "5", "--tokenizer", tiny_tokenizer, "--backend", "pymupdf"]
         + ["--json", str(figures)]
     )
     out = capsys.readouterr().out
