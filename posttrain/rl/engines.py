@@ -6,16 +6,17 @@
 The driver calls the factory once in process, or starts ``engine.workers`` Ray actors from the same factory
 (``posttrain.ray_actors``). ``--speculative``, ``--ray`` and ``memdec.enabled`` are spellings of these fields.
 
-| kind          | in process | Ray (``engine.ray``) |
-|---------------|------------|----------------------|
-| ``hf``        | works (R3 for MoE) | works (R3 for MoE) |
-| ``speculative`` | works (R3 for MoE: the policy's verification forwards) | works (R3 for MoE) |
-| ``fused``     | works (R3 for MoE: the policy inside the fused model) | refused: the router's λ statistics are read from the engine in the driver |
-| ``vllm``      | needs vLLM on a GPU (``pip install vllm``): refused here with that message | same |
-| ``scripted``  | works (virtual-clock test engine, no model) | refused: a test double has no weights to ship |
+| kind            | in process                             | Ray (``engine.ray``)                                  |
+|-----------------|----------------------------------------|-------------------------------------------------------|
+| ``hf``          | rl, agentic, distill, lemma train      | rl, agentic, distill, lemma train                     |
+| ``speculative`` | rl (R3: the verification forwards)     | rl                                                    |
+| ``fused``       | rl (R3: the policy inside the fused model) | refused: λ statistics are read in the driver     |
+| ``vllm``        | rl; needs vLLM on a GPU (``pip install vllm``), refused here with that message | same        |
+| ``scripted``    | rl (virtual clock), agentic (scripted agent) | refused: a test double has no weights to ship   |
 
-An MoE policy (detected from its config) records routed experts in the engine and the learner replays them (R3);
-an MoE policy on an engine kind that cannot record them is refused, never run with live routing.
+Every stage takes the same ``policy`` and ``engine`` sections; ``resolve(cfg, kinds, stage)`` refuses a kind the stage
+does not run on. An MoE policy (detected from its config) records routed experts in the engine and the learner
+replays them (R3); an MoE policy on an engine kind that cannot record them is refused, never run with live routing.
 The precision map: the engine holds the policy in ``policy.dtype`` (bfloat16 or float32); the learner keeps fp32
 master weights; logprobs, the loss and the BKL test are computed in fp32 on both sides (``sampling_logprobs``).
 """

@@ -151,3 +151,20 @@ def test_print_config_of_every_stage_loads_no_model(tmp_path, capsys, monkeypatc
 
         cfg = json.loads(capsys.readouterr().out)
         assert cfg["engine"]["kind"] == "hf" and cfg["steps"] == 2, argv
+
+
+def test_agentic_tasks_from_a_jsonl_in_the_built_ins_shape(tmp_path):
+    import dataclasses
+    import json
+
+    from posttrain.agentic.rl import AgenticStage, debug, read_tasks
+    from posttrain.agentic.tasks import coding_tasks
+
+    f = tmp_path / "tasks.jsonl"
+    f.write_text("".join(json.dumps(dataclasses.asdict(t)) + "\n" for t in coding_tasks()[::-1]))
+    assert read_tasks(str(f)) == coding_tasks()[::-1]
+    stage = AgenticStage(dataclasses.replace(debug(), tasks=str(f), n_tasks=1), tmp_path / "run")
+    try:
+        assert stage.tasks == coding_tasks()[-1:]
+    finally:
+        stage.close()
