@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 # Reference labels per crop kind (body text and captions). Longest alternatives first.
@@ -231,19 +231,37 @@ def resolve_document(doc_id: str, segments: Sequence, kinds: dict[str, str]) -> 
     return DocCitations(doc_id, tuple(crops.values()), tuple(citations))
 
 
-def iter_documents(chunks: Iterable) -> Iterator[tuple[str, list, dict[str, str]]]:
-    """(doc_id, segments, sha256 → kind) per document from shard chunks (``formats.shards`` chunks read with
-    parts segments + images), a document's chunks in chunk order; chunks of one document must be adjacent."""
-    doc, segs, kinds = None, [], {}
-    for ch in sorted(chunks, key=lambda c: (c.doc_id, c.chunk_index)):
-        if ch.doc_id != doc:
-            if doc is not None:
-                yield doc, segs, kinds
-            doc, segs, kinds = ch.doc_id, [], {}
-        segs.extend(ch.segments)
-        kinds.update({im.sha256: im.kind for im in ch.images})
-    if doc is not None:
-        yield doc, segs, kinds
+@dataclass(frozen=True)
+class _Seg:
+    kind: str
+    text: str
+    image_sha256: str
+
+
+def resolve_chunks(chunks: Iterable) -> list[DocCitations]:
+    """Resolve every document of some shard chunks (read with parts segments + images; a document's chunks in
+    chunk order). Only text, image references and kinds are kept, never image bytes."""
+    docs: dict[str, list[tuple[int, list[_Seg]]]] = {}
+    kinds: dict[str, dict[str, str]] = {}
+    for ch in chunks:
+        segs = [_Seg(s.kind, s.text or "", s.image_sha256 or "") for s in ch.segments]
+        docs.setdefault(ch.doc_id, []).append((ch.chunk_index, segs))
+        kinds.setdefault(ch.doc_id, {}).update({im.sha256: im.kind for im in ch.images})
+    return [
+        resolve_document(doc, [seg for _, segs in sorted(parts, key=lambda p: p[0]) for seg in segs], kinds[doc])
+        for doc, parts in docs.items()
+    ]
+
+
+def crop_citations(docs: Iterable[DocCitations]) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """sha256 → (caption, citing sentences) over documents; a crop shown by several documents (a logo, a shared
+    table) gathers the citing sentences of all of them and keeps the first caption found."""
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for d in docs:
+        for c in d.crops:
+            cap, citing = out.get(c.sha256, ("", ()))
+            out[c.sha256] = (cap or c.caption, tuple(dict.fromkeys((*citing, *c.citing))))
+    return out
 
 
 def resolve_shards(out: str) -> list[DocCitations]:
@@ -252,8 +270,7 @@ def resolve_shards(out: str) -> list[DocCitations]:
 
     docs: list[DocCitations] = []
     for path in list_shards(out):
-        chunks = list(ShardFile(path).iter_chunks(parts=("segments", "images")))
-        docs.extend(resolve_document(d, s, k) for d, s, k in iter_documents(chunks))
+        docs.extend(resolve_chunks(ShardFile(path).iter_chunks(parts=("segments", "images"))))
     return docs
 
 

@@ -1,7 +1,9 @@
 """Crops out of corpus shards, with provenance and context text (no Beam: the ingest job adapts this).
 
 An image's context is the text of the segments around its image segment in the chunk (the caption usually
-sits right before or after the figure), which the reranker reads when no generated caption exists.
+sits right before or after the figure), which the reranker reads when no generated caption exists. Its caption
+and the body sentences citing it ("as Fig. 3 shows, …") come from the citation resolver (``retrieval.citations``)
+run over the documents of the shard file: the text channels of the index embed them.
 
     python -c "from retrieval.crops import iter_crops; print(next(iter_crops('out/shards/shard-00000-of-00001.parquet', 'out')))"
 """
@@ -32,6 +34,8 @@ class CropItem:
     source: str  # shard file path relative to the shards directory
     row: int  # row number of the chunk inside the shard file
     context: str
+    caption: str = ""  # the caption line the citation resolver found next to it ("Figure 3: …")
+    citing: tuple[str, ...] = ()  # body sentences of the document(s) that cite it
 
 
 def image_context(segments: Sequence[Segment], sha256: str, chars: int = CONTEXT_CHARS) -> tuple[int, str]:
@@ -66,10 +70,15 @@ def iter_crops(path: str | os.PathLike[str], out: str | os.PathLike[str] | None 
 
     ``out``: the build output directory; ``source`` is stored relative to its ``shards/`` folder so the index
     stays valid when the directory moves (the service resolves thumbnails against its own ``--shards``)."""
+    from retrieval.citations import crop_citations, resolve_chunks
+
     source = relative_name(str(path), out) if out is not None else os.path.basename(str(path))
-    for row, chunk in enumerate(ShardFile(path).iter_chunks(parts=("segments", "images"))):
+    shard = ShardFile(path)
+    cited = crop_citations(resolve_chunks(shard.iter_chunks(parts=("segments", "images"))))
+    for row, chunk in enumerate(shard.iter_chunks(parts=("segments", "images"))):
         for img in chunk.images:
             page_index, context = image_context(chunk.segments, img.sha256)
+            caption, citing = cited.get(img.sha256, ("", ()))
             yield CropItem(
                 sha256=img.sha256,
                 png=img.png,
@@ -81,6 +90,8 @@ def iter_crops(path: str | os.PathLike[str], out: str | os.PathLike[str] | None 
                 source=source,
                 row=row,
                 context=context,
+                caption=caption,
+                citing=citing,
             )
 
 

@@ -12,6 +12,13 @@ Layouts (``IndexConfig.n_shards``):
 The same code runs against Milvus Lite (a local file, ``./index.db``; it has no ``shards_num``) and a Milvus
 server or cluster (``http://host:19530``). Upserts are keyed by sha256, so re-ingesting a shard changes nothing.
 
+Text channels (``ensure(dim, text_dim)`` with ``text_dim > 0``; see ``retrieval.channels``): the same collection
+also holds the crop's channel text (``text``, analysed), its sentence-embedder vector (``text_vector``) and the
+BM25 sparse vector Milvus computes from the text (``sparse``). BM25 functions need Milvus 2.5, multi-vector
+collections 2.4: Milvus Lite has both; an older server (the project's 2.3.5 test server) is refused with a message
+(``TextChannelsUnsupported``). An index is one schema: writing text channels into an image-only index, or an
+image-only build into a text-channel index, is refused (``SchemaMismatch``) — rebuild under another ``--name``.
+
     python -c "from retrieval.index import *; ix = ShardedIndex(IndexConfig('./index.db')); print(ix.count())"
 """
 
@@ -25,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from retrieval.channels import MAX_TEXT
+
 if TYPE_CHECKING:
     from retrieval.crops import CropItem
 
@@ -34,6 +43,8 @@ UNSCORED = -1.0  # quality of a crop no reranker has scored yet; real scores liv
 MAX_CAPTION = 1024
 MAX_CONTEXT = 2048
 MAX_SOURCE = 512
+TEXT_FIELDS = ("text", "text_vector")  # written by the client; ``sparse`` is the BM25 function's output
+MIN_TEXT_SERVER = (2, 5)  # BM25 functions (and multi-vector collections, 2.4) on a Milvus server
 
 # Build and search parameters per index type. HNSW is the default (in-memory, best recall/latency);
 # IVF_SQ8 trades ~1 point of recall for 4x less memory; DiskANN / IVF_PQ exist only on a real cluster.
@@ -139,25 +150,42 @@ class IndexRow:
     source: str = ""  # shard file, relative to the shards directory given at build time
     row: int = -1  # row (chunk) number inside that shard file
     quality: float = UNSCORED
+    text: str = ""  # channel text (caption + citing sentences + context), text-channel indexes only
+    text_vector: Sequence[float] | None = None  # its sentence-embedder vector; None = an image-only row
 
     @classmethod
-    def from_crop(cls, crop: CropItem, vector: Sequence[float], caption: str = "") -> IndexRow:
-        """The stored row of a crop read from a shard (``retrieval.crops.iter_crops``)."""
+    def from_crop(
+        cls,
+        crop: CropItem,
+        vector: Sequence[float],
+        caption: str = "",
+        text: str = "",
+        text_vector: Sequence[float] | None = None,
+    ) -> IndexRow:
+        """The stored row of a crop read from a shard (``retrieval.crops.iter_crops``). ``caption``: a generated
+        caption (else the caption line the citation resolver found)."""
         return cls(
             sha256=crop.sha256,
             vector=vector,
-            caption=caption,
+            caption=caption or crop.caption,
             context=crop.context,
             kind=crop.kind,
             doc_id=crop.doc_id,
             page_index=crop.page_index,
             source=crop.source,
             row=crop.row,
+            text=text,
+            text_vector=text_vector,
         )
 
     def to_entity(self) -> dict[str, Any]:
         d = asdict(self)
         d["vector"] = [float(v) for v in self.vector]
+        if self.text_vector is None:
+            del d["text"], d["text_vector"]
+        else:
+            d["text_vector"] = [float(v) for v in self.text_vector]
+            d["text"] = clip_bytes(self.text, MAX_TEXT)
         d["caption"] = clip_bytes(self.caption, MAX_CAPTION)
         d["context"] = clip_bytes(self.context, MAX_CONTEXT)
         d["source"] = clip_bytes(self.source, MAX_SOURCE)
@@ -314,13 +342,19 @@ class ShardedCollections:
                 return int(f["params"]["dim"])
         raise RuntimeError(f"collection {self.names[shard]} has no {field} field")
 
-    def _ensure(self, dim: int, schema, field: str, index_type: str, metric: str, build_params) -> None:
-        """Create missing collections; refuse to write into collections of another dimension.
+    def _ensure(
+        self, dim: int, schema, field: str, index_type: str, metric: str, build_params, more_indexes=None
+    ) -> None:
+        """Create missing collections; refuse to write into collections of another dimension. ``more_indexes``:
+        ``(client, IndexParams) -> None`` adds the indexes of further vector fields.
 
         Safe to call from every worker's setup: a concurrent create by another worker is tolerated."""
         for i, name in enumerate(self.names):
             client = self.cl(i)
             if not client.has_collection(name):
+                params = index_params(client, field, index_type, metric, build_params)
+                if more_indexes is not None:
+                    more_indexes(client, params)
                 create = {}
                 if not is_lite_uri(self.uri_of(i)):  # Milvus Lite has no shards_num
                     create["shards_num"] = self.config.shards_num
@@ -330,7 +364,7 @@ class ShardedCollections:
                     client.create_collection(
                         name,
                         schema=schema,
-                        index_params=index_params(client, field, index_type, metric, build_params),
+                        index_params=params,
                         consistency_level=self.config.consistency,
                         **create,
                     )
@@ -406,8 +440,8 @@ class ShardedIndex(ShardedCollections):
         super().__init__()
 
     # -- schema -----------------------------------------------------------------------------------------------
-    def _schema(self, dim: int):
-        from pymilvus import DataType, MilvusClient
+    def _schema(self, dim: int, text_dim: int = 0):
+        from pymilvus import DataType, Function, FunctionType, MilvusClient
 
         s = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
         s.add_field("sha256", DataType.VARCHAR, max_length=64, is_primary=True)
@@ -421,16 +455,89 @@ class ShardedIndex(ShardedCollections):
         s.add_field("source", DataType.VARCHAR, max_length=MAX_SOURCE)
         s.add_field("row", DataType.INT64)
         s.add_field("quality", DataType.FLOAT)
+        if text_dim:
+            s.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT, enable_analyzer=True)
+            s.add_field("text_vector", DataType.FLOAT_VECTOR, dim=text_dim)
+            s.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+            s.add_function(
+                Function(
+                    name="text_bm25",
+                    function_type=FunctionType.BM25,
+                    input_field_names=["text"],
+                    output_field_names=["sparse"],
+                )
+            )
         return s
 
     def dim(self) -> int:
         """Vector dimension of the existing collections."""
         return self._vector_dim(0, "vector")
 
-    def ensure(self, dim: int) -> None:
-        """Create missing collections; refuse to write into collections of another dimension."""
+    def text_dim(self) -> int:
+        """Dimension of the text-channel vectors of the existing collections; 0 for an image-only index."""
+        fields = {f["name"]: f for f in self.cl(0).describe_collection(self.names[0])["fields"]}
+        return int(fields["text_vector"]["params"]["dim"]) if "text_vector" in fields else 0
+
+    def has_text_channels(self) -> bool:
+        if not hasattr(self, "_text_dim"):
+            if not self.exists():
+                return False
+            self._text_dim = self.text_dim()
+        return self._text_dim > 0
+
+    def check_text_support(self) -> None:
+        """Refuse text channels on a Milvus server older than 2.5 (no BM25 function, no sparse vectors)."""
+        for i in range(self.config.n_shards):
+            if is_lite_uri(self.uri_of(i)):
+                continue
+            version = str(self.cl(i).get_server_version())
+            nums = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+            if nums < MIN_TEXT_SERVER:
+                raise TextChannelsUnsupported(
+                    f"the Milvus server at {self.uri_of(i)} is {version}: text channels (BM25 function, sparse and "
+                    f"several vector fields in one collection) need Milvus >= {'.'.join(map(str, MIN_TEXT_SERVER))} "
+                    "or Milvus Lite. Build an image-only index there (--text-model none) or upgrade the server."
+                )
+
+    def check_schema(self, text_dim: int) -> None:
+        """Refuse a build whose text channels (``text_dim``; -1 = some, dimension not known yet; 0 = none) differ
+        from those of the existing index."""
+        if not self.exists():
+            return
+        have = self.text_dim()
+        if have == text_dim or (text_dim == -1 and have):
+            return
         c = self.config
-        self._ensure(dim, self._schema(dim), "vector", c.index_type, c.metric, c.build_params)
+        want = "has no text model (--text-model none)" if not text_dim else "has text channels"
+        if text_dim > 0:
+            want = f"gives {text_dim}-d text vectors"
+        raise SchemaMismatch(
+            f"index {c.name!r} at {c.uri} was built "
+            + (f"with {have}-d text channels" if have else "without text channels (image vectors only)")
+            + f", this build {want}. One index holds one schema: build into a new --name (or drop this one and "
+            "rebuild); an image-only index is still queried as before, with --text-model none."
+        )
+
+    def ensure(self, dim: int, text_dim: int = 0) -> None:
+        """Create missing collections (with the text channels when ``text_dim`` > 0); refuse to write into
+        collections of another dimension or another schema (image-only vs text channels)."""
+        c = self.config
+        if text_dim:
+            self.check_text_support()
+        self.check_schema(text_dim)
+
+        def text_indexes(client, params) -> None:
+            if text_dim:
+                params.add_index(
+                    field_name="text_vector",
+                    index_type=c.index_type,
+                    metric_type=c.metric,
+                    params=dict(c.build_params or DEFAULT_BUILD_PARAMS[c.index_type]),
+                )
+                params.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
+
+        self._ensure(dim, self._schema(dim, text_dim), "vector", c.index_type, c.metric, c.build_params, text_indexes)
+        self._text_dim = text_dim
 
     def route(self, sha256: str) -> int:
         """Collection of a crop (always 0 in the one-collection layout)."""
@@ -460,7 +567,11 @@ class ShardedIndex(ShardedCollections):
         return found
 
     def get(self, ids: Sequence[str], with_vectors: bool = False) -> list[dict[str, Any]]:
+        """Stored rows; ``with_vectors`` adds the vectors and, in a text-channel index, the channel text (all a
+        rewrite needs)."""
         fields = ["sha256", *OUTPUT_FIELDS] + (["vector"] if with_vectors else [])
+        if with_vectors and self.has_text_channels():
+            fields += list(TEXT_FIELDS)
         out: list[dict[str, Any]] = []
         for shard, group in self._by_shard(ids).items():
             recs = self.cl(shard).get(self.names[shard], ids=group, output_fields=fields, **self._read)
@@ -478,7 +589,7 @@ class ShardedIndex(ShardedCollections):
             if new != float(r["quality"]):
                 r["quality"] = new
                 r["vector"] = [float(v) for v in r["vector"]]
-                changed.append(IndexRow(**{k: r[k] for k in IndexRow.__dataclass_fields__}))
+                changed.append(IndexRow(**{k: r[k] for k in IndexRow.__dataclass_fields__ if k in r}))
         return self.upsert(changed) if changed else 0
 
     # -- reads ------------------------------------------------------------------------------------------------
@@ -495,18 +606,30 @@ class ShardedIndex(ShardedCollections):
                 it.close()
         return sorted(out)
 
-    def _search_shard(self, shard: int, vectors: list[list[float]], k: int, flt: str, via: str) -> list[list[Hit]]:
+    def _params(self, field: str, k: int) -> dict[str, Any]:
         c = self.config
+        if field == "sparse":
+            return {"metric_type": "BM25", "params": {}}
+        return search_params(c.index_type, c.metric, k, c.search_params)
+
+    def _search_shard(
+        self, shard: int, vectors: list, k: int, flt: str, via: str, field: str = "vector"
+    ) -> list[list[Hit]]:
         res = self.cl(shard).search(
             self.names[shard],
             data=vectors,
             limit=k,
             filter=flt,
             output_fields=OUTPUT_FIELDS,
-            search_params=search_params(c.index_type, c.metric, k, c.search_params),
-            anns_field="vector",
+            search_params=self._params(field, k),
+            anns_field=field,
             **self._read,
         )
+        return self._hits(res, shard, via, bm25=field == "sparse")
+
+    def _hits(self, res, shard: int, via: str, bm25: bool = False) -> list[list[Hit]]:
+        """Hits of a search result. BM25 scores are non-negative; Milvus Lite reports them negated (best first
+        still), so their absolute value is the score that orders them the same way after a merge."""
         out = []
         for hits in res:
             row = []
@@ -515,7 +638,7 @@ class ShardedIndex(ShardedCollections):
                 row.append(
                     Hit(
                         sha256=h["id"] if "id" in h else h["sha256"],
-                        score=float(h["distance"]),
+                        score=abs(float(h["distance"])) if bm25 else float(h["distance"]),
                         shard=shard,
                         via=(via,) if via else (),
                         **{k_: e[k_] for k_ in OUTPUT_FIELDS},
@@ -524,26 +647,61 @@ class ShardedIndex(ShardedCollections):
             out.append(row)
         return out
 
-    def search(self, vectors: np.ndarray, k: int = 10, filter: str = "", via: str = "") -> list[list[Hit]]:
-        """Top-k per query vector over all shards: each shard returns its own top-k concurrently (any global
-        top-k item is in its shard's top-k, so the merge is exact w.r.t. the per-shard results)."""
-        vecs = np.asarray(vectors, dtype=np.float32)
-        if vecs.ndim == 1:
-            vecs = vecs[None, :]
-        if len(vecs) == 0:
+    def search(
+        self, vectors: np.ndarray | Sequence[str], k: int = 10, filter: str = "", via: str = "", field: str = "vector"
+    ) -> list[list[Hit]]:
+        """Top-k per query over all shards: each shard returns its own top-k concurrently (any global top-k item
+        is in its shard's top-k, so the merge is exact w.r.t. the per-shard results). ``field``: ``vector``
+        (CLIP), ``text_vector`` (sentence embedder) or ``sparse`` (BM25: the queries are strings)."""
+        if field == "sparse":
+            data: list = [str(q) for q in vectors]
+        else:
+            vecs = np.asarray(vectors, dtype=np.float32)
+            if vecs.ndim == 1:
+                vecs = vecs[None, :]
+            data = vecs.tolist()
+        if field != "vector" and not self.has_text_channels():
+            raise SchemaMismatch(f"index {self.config.name!r} has no text channels (built without a text model)")
+        if len(data) == 0:
             return []
-        data = vecs.tolist()
         for i in range(self.config.n_shards):
             self.cl(i)  # connect and load before fanning out, not concurrently inside the threads
         if self.config.n_shards == 1:
-            per_shard = [self._search_shard(0, data, k, filter, via)]
+            per_shard = [self._search_shard(0, data, k, filter, via, field)]
         else:
             with ThreadPoolExecutor(max_workers=min(self.config.max_workers, self.config.n_shards)) as pool:
                 futures = [
-                    pool.submit(self._search_shard, s, data, k, filter, via) for s in range(self.config.n_shards)
+                    pool.submit(self._search_shard, s, data, k, filter, via, field) for s in range(self.config.n_shards)
                 ]
                 per_shard = [f.result() for f in futures]
         return [merge_hits((shard_res[q] for shard_res in per_shard), k) for q in range(len(data))]
+
+    def hybrid(self, queries: Mapping[str, tuple[str, Any]], k: int, candidates: int, filter: str = "") -> list[Hit]:
+        """One query through several channels fused by RRF (k = 60) inside Milvus: ``hybrid_search`` with an
+        ``RRFRanker`` (one collection only; the fan-out layout fuses client-side, ``retrieval.channels.rrf``).
+        ``queries``: channel name → (field, query vector or BM25 query string); ``candidates`` per channel."""
+        from pymilvus import AnnSearchRequest, RRFRanker
+
+        from retrieval.channels import RRF_K
+
+        if self.config.n_shards != 1:
+            raise ValueError("hybrid() needs the one-collection layout; fuse per-channel searches instead")
+        reqs = []
+        for anns, q in queries.values():
+            data = [q] if anns == "sparse" else [np.asarray(q, dtype=np.float32).reshape(-1).tolist()]
+            reqs.append(AnnSearchRequest(data, anns, self._params(anns, candidates), candidates, expr=filter))
+        res = self.cl(0).hybrid_search(
+            self.names[0], reqs, RRFRanker(RRF_K), limit=k, output_fields=OUTPUT_FIELDS, **self._read
+        )
+        return [replace(h, via=tuple(queries)) for h in self._hits(res, 0, "")[0]]
+
+
+class SchemaMismatch(ValueError):
+    """An index built with one schema (image-only, or text channels of one dimension) used as another."""
+
+
+class TextChannelsUnsupported(ValueError):
+    """A Milvus server too old for text channels (BM25 function, sparse vectors, several vector fields)."""
 
 
 def discover_n_shards(uri: str, name: str, token: str = "") -> int:

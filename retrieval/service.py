@@ -90,6 +90,7 @@ def create_app(searcher, cfg: ServeConfig = ServeConfig()):
             "shards": searcher.index.config.n_shards,
             "image_queries": searcher.captioner is not None,
             "rerank": searcher.reranker is not None,
+            "channels": list(searcher.channels),
         }
 
     @app.post("/api/search/text")

@@ -1,5 +1,10 @@
-"""Sample weights from quality queries: reranked hits above a score raise the sampling ratio of their images
-and of the chunks that contain them; everything else keeps weight 1.0.
+"""Sample weights from quality queries: hits above a score raise the sampling ratio of their images and of the
+chunks that contain them; everything else keeps weight 1.0.
+
+The score of a hit is the reranker's over the fused candidates when a reranker is given, else the fused score
+itself: the RRF sum over the channels that ran (``retrieval.channels``: dense text, BM25, CLIP; for image
+queries the image vector and the caption's channels) divided by its maximum (first in every channel), so 1.0
+means every channel ranked the crop first. A single channel's score is its similarity, clipped to [0, 1].
 
 Derivation (bounded, monotone, documented here once):
 - image weight  w_img(s) = 1 + (w_max − 1) · (s − s_min) / (1 − s_min)   for a quality score s ≥ s_min,
@@ -89,15 +94,34 @@ def parse_query_line(line: str) -> tuple[str, str] | None:
     return "text", line
 
 
-def collect_scores(searcher, queries: Iterable[tuple[str, str]], cfg: WeightConfig) -> dict[str, float]:
-    """Run every quality query with rerank and return the best score per crop (hits of every query)."""
+def quality_scores(res) -> list[tuple[str, float]]:
+    """(sha256, score in [0, 1]) of a search result: reranker scores as they are, fused RRF scores divided by
+    their maximum, a single channel's similarity clipped (see module docstring)."""
+    from retrieval.channels import rrf_max
+
+    if res.reranked:
+        return [(h.sha256, h.score) for h in res.hits]
+    if len(res.channels) > 1:
+        top = rrf_max(len(res.channels))
+        return [(h.sha256, h.score / top) for h in res.hits]
+    return [(h.sha256, min(1.0, max(0.0, h.score))) for h in res.hits]
+
+
+def collect_scores(
+    searcher, queries: Iterable[tuple[str, str]], cfg: WeightConfig, channels_seen: set | None = None
+) -> dict[str, float]:
+    """Run every quality query (reranked when the searcher has a reranker, else scored by fusion) and return the
+    best score per crop over every query's hits. ``channels_seen`` collects the channels that produced them."""
+    rerank = searcher.reranker is not None
     lists = []
     for kind, q in queries:
         if kind == "image":
-            res = searcher.image(Path(q).read_bytes(), k=cfg.k, rerank=True)
+            res = searcher.image(Path(q).read_bytes(), k=cfg.k, rerank=rerank)
         else:
-            res = searcher.text(q, k=cfg.k, rerank=True)
-        lists.append([(h.sha256, h.score) for h in res.hits])
+            res = searcher.text(q, k=cfg.k, rerank=rerank)
+        if channels_seen is not None:
+            channels_seen.update(res.channels)
+        lists.append(quality_scores(res))
     return best_scores(lists)
 
 

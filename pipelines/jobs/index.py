@@ -2,7 +2,9 @@
 loaded once per worker, batched) → index writes.
 
 Graph: ShardFiles → ReadCrops → BatchElements → SkipStored → RunInference(CropEmbedding) → BatchElements →
-WriteRows → per file → MarkDone.
+WriteRows → per file → MarkDone. ReadCrops resolves the citations of each shard file's documents
+(``retrieval.citations``); with a text model, CropEmbedding also embeds each crop's channel text (caption, citing
+sentences, context: ``retrieval.channels``) and the rows carry the text channels.
 
 Resumable twice over: a shard file whose crops were all written gets a ``<state_dir>/<file>.done`` marker
 (keyed by the file's sha256, so a rewritten shard is ingested again), and inside an unfinished file, crops
@@ -152,14 +154,32 @@ class CropEmbedding(ModelHandler):
         captioner = (
             Captioner(CaptionConfig(self.cfg.caption_model, device=self.cfg.device)) if self.cfg.caption_model else None
         )
-        return _Loaded(embedder, embedder.load(), captioner, captioner.load() if captioner else None)
+        texter = (
+            STEmbedder(EmbedConfig(self.cfg.text_model, self.cfg.batch_size, self.cfg.device))
+            if self.cfg.text_model
+            else None
+        )
+        return _Loaded(
+            embedder,
+            embedder.load(),
+            captioner,
+            captioner.load() if captioner else None,
+            texter,
+            texter.load() if texter else None,
+        )
 
     def run_inference(self, batch: Sequence[CropItem], model, inference_args=None) -> Iterable[PredictionResult]:
-        embedder, embed_model, captioner, caption_model = model.parts
+        from retrieval.channels import channel_text
+
+        embedder, embed_model, captioner, caption_model, texter, text_model = model.parts
         pngs = [c.png for c in batch]
         captions = captioner.run_batch(pngs, caption_model) if captioner else [""] * len(batch)
         vecs = embedder.run_batch(pngs, embed_model)
-        return [PredictionResult(c, (v, cap)) for c, v, cap in zip(batch, vecs, captions)]
+        if texter is None:
+            return [PredictionResult(c, (v, cap, "", None)) for c, v, cap in zip(batch, vecs, captions)]
+        texts = [channel_text(cap or c.caption, c.citing, c.context) for c, cap in zip(batch, captions)]
+        tvecs = texter.run_batch_texts(texts, text_model)
+        return [PredictionResult(c, (v, cap, t, tv)) for c, v, cap, t, tv in zip(batch, vecs, captions, texts, tvecs)]
 
     def batch_elements_kwargs(self) -> dict[str, int]:
         return {"min_batch_size": self.cfg.batch_size, "max_batch_size": self.cfg.batch_size}
@@ -228,9 +248,11 @@ class WriteRows(_IndexDoFn):
         self.skipped = Metrics.counter(NAMESPACE, "crops_skipped_existing")
 
     def process(self, batch: Sequence[PredictionResult]) -> Iterator[tuple[str, int]]:
-        rows = [IndexRow.from_crop(r.example, r.inference[0], r.inference[1]) for r in batch]
+        rows = [IndexRow.from_crop(r.example, *r.inference) for r in batch]
         if rows and not getattr(self, "ready", False):
-            self.index.ensure(len(rows[0].vector))  # also on the bulk path: creates the collections, checks dim
+            # also on the bulk path: creates the collections, checks dim and schema (text channels or not)
+            tv = rows[0].text_vector
+            self.index.ensure(len(rows[0].vector), 0 if tv is None else len(tv))
             self.ready = True
         if rows and self.cfg.skip_existing and not self.cfg.bulk_dir:
             # A crop held by two shard files can pass SkipStored in two batches before either is written (every
@@ -296,6 +318,11 @@ def prepare_bulk(cfg: IndexJobConfig) -> None:
         raise BulkRefused(
             f"--bulk-dir needs a Milvus server: {cfg.index.uri!r} is Milvus Lite, which has no bulk import "
             "service. Give a server URI (http://host:19530), or build a Lite index without --bulk-dir (upserts)."
+        )
+    if cfg.text_model:
+        raise BulkRefused(
+            "--bulk-dir stages image vectors only; the text channels are written by upserts. Build without "
+            "--bulk-dir, or with --text-model none for an image-only index."
         )
     with ShardedIndex(cfg.index) as ix:
         n = sum(
@@ -367,6 +394,16 @@ def import_staged(cfg: IndexJobConfig) -> dict[str, int]:
     return {"bulk_files": len(files), "bulk_duplicates_dropped": dropped, "rows_imported": imported}
 
 
+def check_schema(cfg: IndexJobConfig) -> None:
+    """Before any work: text channels on a server that lacks them, or a build whose schema (text channels or
+    not) differs from the existing index's, raise ``TextChannelsUnsupported`` / ``SchemaMismatch`` with what to
+    do instead (the workers check the vector dimensions again when they write)."""
+    with ShardedIndex(cfg.index) as ix:
+        if cfg.text_model:
+            ix.check_text_support()
+        ix.check_schema(-1 if cfg.text_model else 0)
+
+
 def run(cfg: IndexJobConfig, beam_args: Sequence[str] = ()) -> dict[str, int]:
     """Run the job; returns Beam counter totals (plus ``shard_files_pending`` before the run, and on the bulk
     path ``bulk_files``, ``bulk_duplicates_dropped`` and ``rows_imported``). Raises BulkRefused before any work
@@ -374,6 +411,7 @@ def run(cfg: IndexJobConfig, beam_args: Sequence[str] = ()) -> dict[str, int]:
     if cfg.bulk_dir:
         cfg = replace(cfg, bulk_dir=str(Path(cfg.bulk_dir).absolute()))  # the server resolves the paths
         prepare_bulk(cfg)
+    check_schema(cfg)
     files = pending_shards(cfg)
     args = list(beam_args)
     if not any(a.startswith("--runner") for a in args):

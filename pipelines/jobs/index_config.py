@@ -22,6 +22,9 @@ class IndexJobConfig:
     """sentence-transformers image+text model (hub name or path); its dimension sizes the collections."""
     caption_model: str | None = None
     """Optional image-to-text model: store a generated caption with every crop (slower ingest)."""
+    text_model: str | None = None
+    """Sentence embedder of the text channels (``retrieval.channels``: caption + citing sentences + context →
+    ``text_vector``, plus Milvus BM25 over the same text). None = an image-only index."""
     batch_size: int = 32
     """Crops per embedding batch (and per upsert)."""
     state_dir: str | None = None

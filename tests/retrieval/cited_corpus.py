@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.pipelines.pdfs import _raster_png
+from tests.pipelines.pdfs import _raster_png, prose
 
 # (body sentence citing the figure of this page, caption topic) per page; page 0 also holds Table 1 + Eq. (1).
 PAPERS = {
@@ -45,6 +45,8 @@ def write_cited_paper(path: Path, lang: str, seed: int) -> Path:
         page.insert_textbox(pymupdf.Rect(72, 60, 540, 140), text, fontsize=10)
         page.insert_image(pymupdf.Rect(150, 150, 462, 340), stream=_raster_png(seed=seed * 10 + p))
         page.insert_text((150, 358), f"{label} {p + 1}. {topics[p]} of sample {seed}.", fontsize=9)
+        # unrelated prose between figures, so the text around one figure does not reach the next one's
+        page.insert_textbox(pymupdf.Rect(72, 560, 540, 780), prose(seed * 100 + p, 100), fontsize=10)
         if p == 0:  # a ruled table with its caption above it, and a numbered equation
             y, x0, cols, rows, cw, rh = 420, 150, 4, 4, 78, 16
             page.insert_text((150, y - 8), "Table 1. Fitted parameters." if lang == "en" else "Tabelle 1. Parameter.")

@@ -98,3 +98,12 @@ def ready_index(tmp_path_factory, tiny_models):
         ix.ensure(emb.dim)
         ix.upsert([IndexRow.from_crop(c, v) for c, v in zip(crops, vecs)])
     return {"config": cfg, "out": out, "crops": crops}
+
+
+@pytest.fixture(scope="session")
+def cited_out(tmp_path_factory, tiny_tokenizer: str) -> Path:
+    """Two papers whose body cites their figures ("Fig. 2(a)", "Figs. 3 and 4", "Abbildung 2"), built once per
+    session through ``scifolio build`` (the citation and text-channel tests share it)."""
+    from cited_corpus import build_cited_corpus
+
+    return build_cited_corpus(tmp_path_factory.mktemp("cited"), tiny_tokenizer)

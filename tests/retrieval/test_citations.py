@@ -5,14 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cited_corpus import PAPERS, build_cited_corpus
+from cited_corpus import PAPERS
 
 from retrieval.citations import find_refs, resolve_shards, sentences, strip_refs
-
-
-@pytest.fixture(scope="module")
-def cited_out(tmp_path_factory, tiny_tokenizer: str) -> Path:
-    return build_cited_corpus(tmp_path_factory.mktemp("cited"), tiny_tokenizer)
 
 
 @pytest.mark.parametrize(

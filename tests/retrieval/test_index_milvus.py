@@ -107,3 +107,34 @@ def test_bulk_files_roundtrip_and_import(index_config_factory, corpus_out, tmp_p
         assert hit.sha256 == rows[5].sha256 and hit.source == rows[5].source
         with pytest.raises(ValueError, match="non-empty"):
             bulk_import(ix, files)
+
+
+def test_text_channels_on_lite_and_a_clear_refusal_on_an_older_server(index_config_factory, corpus_out):
+    """Milvus Lite holds the text channels beside the image vector (BM25 searched across fan-out collections);
+    the 2.3.5 server has no BM25 function or sparse vectors: refused before any collection is created."""
+    from dataclasses import replace
+
+    from retrieval.index import TextChannelsUnsupported
+
+    emb, texts = HashEmbedder(16), HashEmbedder(8)
+    rows = rows_from(corpus_out, emb)
+    words = [f"{r.kind} token{i:02d} crop" for i, r in enumerate(rows)]
+    rows = [replace(r, text=w, text_vector=v) for r, w, v in zip(rows, words, texts.encode_texts(words))]
+    cfg = index_config_factory(n_shards=2)
+    with ShardedIndex(cfg) as ix:
+        if not cfg.is_lite:
+            with pytest.raises(TextChannelsUnsupported, match=r"need Milvus >= 2\.5 or Milvus Lite"):
+                ix.ensure(emb.dim, texts.dim)
+            assert not ix.exists()
+            return
+        ix.ensure(emb.dim, texts.dim)
+        assert ix.upsert(rows) == 12 and ix.has_text_channels() and ix.text_dim() == 8
+        for i in (0, 7):
+            hits = ix.search([f"token{i:02d}"], k=3, field="sparse", via="bm25")[0]
+            assert hits[0].sha256 == rows[i].sha256 and hits[0].score > 0 and len(hits) == 1
+            dense = ix.search(texts.encode_texts([words[i]]), k=3, field="text_vector")[0]
+            assert dense[0].sha256 == rows[i].sha256
+        got = {r["sha256"]: r for r in ix.get([rows[0].sha256], with_vectors=True)}
+        assert got[rows[0].sha256]["text"] == words[0]  # a quality rewrite keeps the channel text
+        ix.set_quality({rows[0].sha256: 0.9})
+        assert ix.search([f"token{0:02d}"], k=1, field="sparse")[0][0].quality == pytest.approx(0.9)

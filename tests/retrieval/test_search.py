@@ -27,7 +27,7 @@ def test_text_query_returns_ranked_unique_hits(searcher, ready_index):
     res = searcher.text("a red circle", k=5)
     assert len(res.hits) == 5 and len({h.sha256 for h in res.hits}) == 5
     assert [h.score for h in res.hits] == sorted((h.score for h in res.hits), reverse=True)
-    assert all(h.via == ("text",) for h in res.hits)
+    assert all(h.via == ("clip",) for h in res.hits)
     by_sha = {c.sha256: c for c in ready_index["crops"]}
     assert all(
         (h.doc_id, h.source, h.row) == (by_sha[h.sha256].doc_id, by_sha[h.sha256].source, by_sha[h.sha256].row)

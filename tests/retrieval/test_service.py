@@ -33,7 +33,13 @@ def client(ready_index, tiny_models):
 def test_page_and_health(client):
     page = client.get("/")
     assert page.status_code == 200 and 'id="query"' in page.text and 'id="grid"' in page.text
-    assert client.get("/api/health").json() == {"status": "ok", "shards": 3, "image_queries": True, "rerank": True}
+    assert client.get("/api/health").json() == {
+        "status": "ok",
+        "shards": 3,
+        "image_queries": True,
+        "rerank": True,
+        "channels": ["clip"],
+    }
 
 
 def test_text_search_and_thumbnails(client, ready_index):
