@@ -53,9 +53,11 @@ def _init_helper() -> None:
         os.nice(NICE)
     except OSError:
         pass
-    import pymupdf  # noqa: F401  (import once here, not inside the first page's timing)
+    import numpy  # noqa: F401  (import once here, not inside the first page's timing)
+    import pymupdf  # noqa: F401
 
     import parsing.core  # noqa: F401
+    import parsing.detectors  # noqa: F401  (the probe's render)
 
 
 def _doc(path: str, doc_id: str) -> pymupdf.Document:
