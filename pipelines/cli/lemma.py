@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipelines.cli.options import add_set, apply_sets, recipe_config
+from pipelines.cli.options import add_recipe_args, add_set, apply_sets, recipe_config
 
 
 def register(posttrain_sub: argparse._SubParsersAction) -> None:
@@ -55,12 +55,12 @@ def register(posttrain_sub: argparse._SubParsersAction) -> None:
         "--set policy.path=DIR (a local Hugging Face model directory with its tokenizer). Ablations: --set reward=ratio, "
         "--set graph_credit=false.",
     )
-    t.add_argument("--config", default="debug", help="recipe name (posttrain/lemma/train.py: debug, s1mo)")
-    t.add_argument("--out", required=True, help="run directory (config.json, metrics.jsonl, checkpoint/, policy/)")
-    t.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint after a crash / kill -9")
-    add_set(t, "steps=4, reward=ratio, graph_credit=false, policy.path=/models/qwen")
-    t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_recipe_args(
+        t,
+        "posttrain/lemma/train.py: debug, s1mo",
+        "run directory (config.json, metrics.jsonl, checkpoint/, policy/)",
+        "steps=4, reward=ratio, graph_credit=false, policy.path=/models/qwen",
+    )
     t.set_defaults(func=run_train)
 
 

@@ -38,6 +38,25 @@ def add_set(p: argparse.ArgumentParser, example: str) -> None:
     )
 
 
+def add_recipe_args(
+    p: argparse.ArgumentParser,
+    recipes: str,
+    out: str,
+    example: str,
+    resume: str = "continue from DIR/checkpoint after a crash / kill -9",
+    progress: bool = True,
+) -> None:
+    """The flags of every recipe subcommand, declared once: ``--config`` (``recipes`` names them), ``--out``,
+    ``--resume``, ``--set`` (``example``), ``--print-config`` and, with ``progress``, ``--no-progress``."""
+    p.add_argument("--config", default="debug", help=f"recipe name ({recipes})")
+    p.add_argument("--out", required=True, help=out)
+    p.add_argument("--resume", action="store_true", help=resume)
+    add_set(p, example)
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit (loads no model)")
+    if progress:
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def apply_sets(cfg: Any, sets: Sequence[str]) -> Any:
     """``cfg`` with every ``key=value`` applied by ``formats.overrides`` (the one rule of every area: values are
     parsed by the field's type). A bad key or value exits with status 2 and says which."""

@@ -30,7 +30,7 @@ import json
 import sys
 
 from pipelines.cli import sft
-from pipelines.cli.options import add_set, recipe_config
+from pipelines.cli.options import add_recipe_args, recipe_config
 
 # Recipe notes for --help, here rather than read from the recipes' docstrings: importing those pulls in torch,
 # seconds on every CLI start. Keep them in step with posttrain/rl/recipes.py:small and posttrain/rl/distill.py.
@@ -62,11 +62,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="RL on a verifiable task with the partial-rollout scheduler",
         description="Collect with partial rollout, train with Eq 29 + BKL mask, sync, checkpoint; one metrics row per step.",
     )
-    rl.add_argument("--config", default="debug", help="recipe name (posttrain/rl/recipes.py: debug, debug-moe, small)")
     rl.epilog = RL_SMALL
-    rl.add_argument("--out", required=True, help="run directory (metrics.jsonl, tb/, checkpoint/, policy/)")
-    rl.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint (in-flight rollouts included)")
-    add_set(rl, "steps=10, scheduler.partial=false, learner.lr=1e-3")
+    add_recipe_args(
+        rl,
+        "posttrain/rl/recipes.py: debug, debug-moe, small",
+        "run directory (metrics.jsonl, tb/, checkpoint/, policy/)",
+        "steps=10, scheduler.partial=false, learner.lr=1e-3, policy.arch=qwen2_moe, engine.kind=hf",
+        resume="continue from DIR/checkpoint (in-flight rollouts included)",
+    )
     rl.add_argument(
         "--ray", default=None, metavar="local|ADDRESS", help="rollout engines as Ray actors (= --set engine.ray=...)"
     )
@@ -78,8 +81,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="speculative rollouts with a draft trained online (= --set engine.kind=speculative; k via speculative.k)",
     )
-    rl.add_argument("--no-progress", action="store_true", help="no progress bar")
-    rl.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     rl.set_defaults(func=run_rl)
 
     gw = sub.add_parser(
@@ -107,11 +108,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Rollouts of a harness over sandboxed coding tasks (hidden tests overlaid after the agent "
         "stops), Eq 30 session credit on the stored token spans, learner steps; traces.sqlite + metrics.jsonl.",
     )
-    ag.add_argument("--config", default="debug", help="recipe name (posttrain/agentic/rl.py)")
-    ag.add_argument("--out", required=True, help="run directory (traces.sqlite, metrics.jsonl, checkpoint/, policy/)")
-    ag.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint after a crash / kill -9")
-    add_set(ag, "steps=2, engine.kind=hf, policy.path=DIR, tasks=tasks.jsonl")
-    ag.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    add_recipe_args(
+        ag,
+        "posttrain/agentic/rl.py: debug",
+        "run directory (traces.sqlite, metrics.jsonl, checkpoint/, policy/)",
+        "steps=2, engine.kind=hf, policy.path=DIR, tasks=tasks.jsonl",
+        progress=False,
+    )
     ag.set_defaults(func=run_agentic_cmd)
 
     ds = sub.add_parser(
@@ -121,7 +124,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "only); Eq 33 advantage against the batch's proximal student; one metrics row per step.",
         epilog=DISTILL_RECIPES,
     )
-    ds.add_argument("--config", default="debug", help="recipe name (posttrain/rl/distill.py: debug, experts)")
     ds.add_argument(
         "--teacher",
         action="append",
@@ -137,11 +139,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DOMAIN=FILE",
         help='a domain\'s prompt jsonl, rows {"prompt": ...} or {"messages": [...]} (experts; repeatable)',
     )
-    ds.add_argument("--out", required=True, help="run directory (metrics.jsonl, checkpoint/, policy/)")
-    ds.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint after a crash / kill -9")
-    add_set(ds, "steps=4")
-    ds.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    ds.add_argument("--no-progress", action="store_true", help="do not print each row")
+    add_recipe_args(
+        ds,
+        "posttrain/rl/distill.py: debug, experts",
+        "run directory (metrics.jsonl, checkpoint/, policy/)",
+        "steps=4, policy.arch=qwen2_moe, engine.ray=local",
+    )
     ds.set_defaults(func=run_distill)
 
     from pipelines.cli import lemma  # `posttrain lemma solve` lives in its own module

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from pipelines.cli.options import add_set, recipe_config
+from pipelines.cli.options import add_recipe_args, recipe_config
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,15 +27,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "and trace-store exports {token_ids, loss_mask}; only assistant tokens are in the loss; bad rows are "
         "skipped with a reason (DIR/skipped.jsonl). Writes DIR/policy.",
     )
-    p.add_argument("--config", default="debug", help="recipe name (posttrain/sft.py: debug, small)")
     p.add_argument("--model", required=True, help="Hugging Face model dir or name (e.g. `pretrain export` output)")
     p.add_argument("--data", required=True, nargs="+", help="jsonl files: chats and/or trace exports")
-    p.add_argument("--out", required=True, help="run directory (config.json, metrics.jsonl, tb/, ckpt/, policy/)")
-    p.add_argument("--resume", action="store_true", help="continue from DIR/ckpt/latest with its data cursor")
     p.add_argument("--nproc", type=int, default=1, help="ranks on this machine (deepspeed launcher)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    add_set(p, "steps=200, lr=1e-4, zero_stage=3, seq_len=1024")
+    add_recipe_args(
+        p,
+        "posttrain/sft.py: debug, small",
+        "run directory (config.json, metrics.jsonl, tb/, ckpt/, policy/)",
+        "steps=200, lr=1e-4, zero_stage=3, seq_len=1024",
+        resume="continue from DIR/ckpt/latest with its data cursor",
+    )
     p.set_defaults(func=run_sft)
 
 
