@@ -26,3 +26,20 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+IMAGE_TOKEN = "<image>"
+"""The image placeholder of an exported vision-language model (``pretrain.export``): its processor expands each
+to the image's patch tokens."""
+
+VLM_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{% if message.get('content') %}{{ message['content'] }}{% endif %}",
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message.get('content') %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% elif part['type'] in ('image', 'image_url') %}" + IMAGE_TOKEN + "{% endif %}"
+    "{% endfor %}{% endif %}",
+)
+"""``CHAT_TEMPLATE`` whose message content may also be a list of parts: ``{"type": "text", "text": ...}`` and
+``{"type": "image"}`` (or OpenAI's ``image_url``), an image rendered as ``IMAGE_TOKEN``; plain strings render as
+before."""

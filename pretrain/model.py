@@ -111,19 +111,11 @@ class VisualPretrainModel(nn.Module):
         None = not built) are fresh, seeded by ``seed``.
 
         ``lockstep``: the same module calls on every rank every micro-batch (ZeRO-3; see the module docstring)."""
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
         backbone = AutoModelForCausalLM.from_pretrained(cfg.backbone, dtype=torch.float32)
-        enc_cfg = AutoConfig.from_pretrained(cfg.encoder)
-        # Multimodal checkpoints (CLIP, SigLIP) hold the tower under vision_config; load just that tower.
-        if hasattr(enc_cfg, "vision_config") and not hasattr(enc_cfg, "patch_size"):
-            from transformers import CLIPVisionModel, SiglipVisionModel
-
-            tower = SiglipVisionModel if "siglip" in enc_cfg.model_type else CLIPVisionModel
-            encoder = tower.from_pretrained(cfg.encoder, dtype=torch.float32)
-        else:
-            encoder = AutoModel.from_pretrained(cfg.encoder, dtype=torch.float32)
+        encoder = load_encoder(cfg.encoder)
         enc_patch = getattr(encoder.config, "patch_size", None)
         if patch is not None and enc_patch is not None and enc_patch != patch:
             raise ValueError(f"data.patch={patch} but encoder {cfg.encoder} uses patch_size={enc_patch}")
@@ -235,20 +227,7 @@ class VisualPretrainModel(nn.Module):
         """(L_text, the forecasting loss dict or None). ``series``: (slots ``[K, 3]``, contexts ``[K, C, T]``,
         tails ``[K, C, H]``) — each series' encoder tokens fill its slots (resampled to the slot count like an
         image's features), and the forecaster reads Φ's hidden states at those slots."""
-        if int(input_ids.max()) >= self.vocab_size:
-            raise ValueError(
-                f"token id {int(input_ids.max())} ≥ backbone vocab {self.vocab_size}: "
-                "the shards were tokenised with a different tokenizer than the backbone's"
-            )
-        embeds = self.backbone.get_input_embeddings()(input_ids)
-        if self.lockstep:
-            embeds = self._place_images_lockstep(embeds, image_pixels, image_slots)
-        elif image_slots.shape[0]:
-            feats = self.encode(image_pixels, image_keys)  # [K, N, D_v]
-            for k, (row, start, length) in enumerate(image_slots.tolist()):
-                # The corpus budgets n_tokens per image; E_v gives N patches: resample the sequence to the budget.
-                f = F.adaptive_avg_pool1d(feats[k].T.unsqueeze(0), length)[0].T
-                embeds[row, start : start + length] = self.w_in(f.to(embeds.dtype))
+        embeds = self._embeds(input_ids, image_pixels, image_slots, image_keys)
         enc = None
         if series is not None and series[0].shape[0]:
             slots, context, _ = series
@@ -265,6 +244,31 @@ class VisualPretrainModel(nn.Module):
             zero = sum(p.sum() for p in self.series.parameters()) * 0.0
             return l_text, {"loss": zero, "n": torch.zeros(())}
         return l_text, self.series.loss(enc, hidden, series[0], series[2].to(hidden.device))
+
+    def _embeds(self, input_ids, image_pixels, image_slots, image_keys=None):
+        """Φ's input embeddings with each image's W_in(E_v) features at its slots ``[K, 3]`` (row, start, length)."""
+        if int(input_ids.max()) >= self.vocab_size:
+            raise ValueError(
+                f"token id {int(input_ids.max())} ≥ backbone vocab {self.vocab_size}: "
+                "the shards were tokenised with a different tokenizer than the backbone's"
+            )
+        embeds = self.backbone.get_input_embeddings()(input_ids)
+        if self.lockstep:
+            return self._place_images_lockstep(embeds, image_pixels, image_slots)
+        if image_slots.shape[0]:
+            feats = self.encode(image_pixels, image_keys)  # [K, N, D_v]
+            for k, (row, start, length) in enumerate(image_slots.tolist()):
+                # The corpus budgets n_tokens per image; E_v gives N patches: resample the sequence to the budget.
+                f = F.adaptive_avg_pool1d(feats[k].T.unsqueeze(0), length)[0].T
+                embeds[row, start : start + length] = self.w_in(f.to(embeds.dtype))
+        return embeds
+
+    @torch.no_grad()
+    def logits(self, input_ids, position_ids, seq_ids, image_pixels, image_slots):
+        """Φ's next-token logits on packed rows with images at their slots (what ``text_forward`` scores)."""
+        embeds = self._embeds(input_ids, image_pixels, image_slots)
+        hidden = self._backbone_hidden(embeds, block_causal_mask(seq_ids), position_ids)
+        return self.backbone.get_output_embeddings()(hidden)
 
     def _place_images_lockstep(
         self, embeds: torch.Tensor, image_pixels: torch.Tensor, image_slots: torch.Tensor
@@ -377,6 +381,20 @@ def _accepts(module: nn.Module, name: str) -> bool:
     import inspect
 
     return name in inspect.signature(module.forward).parameters
+
+
+def load_encoder(name: str) -> nn.Module:
+    """The frozen vision tower E_v by name or path, fp32: a multimodal checkpoint (CLIP, SigLIP) holds it under
+    ``vision_config``, and only that tower is loaded."""
+    from transformers import AutoConfig, AutoModel
+
+    enc_cfg = AutoConfig.from_pretrained(name)
+    if hasattr(enc_cfg, "vision_config") and not hasattr(enc_cfg, "patch_size"):
+        from transformers import CLIPVisionModel, SiglipVisionModel
+
+        tower = SiglipVisionModel if "siglip" in enc_cfg.model_type else CLIPVisionModel
+        return tower.from_pretrained(name, dtype=torch.float32)
+    return AutoModel.from_pretrained(name, dtype=torch.float32)
 
 
 def _pixel_stats(path: str) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -47,16 +47,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ex.add_argument("run", help="pre-training output directory (`scifolio pretrain --out`)")
     ex.add_argument("--out", required=True, help="model directory to write")
     ex.add_argument("--backbone", default=None, help="backbone config/tokenizer path (default: RUN/config.json's)")
+    ex.add_argument(
+        "--vlm",
+        action="store_true",
+        help="write a LLaVA-style vision-language model instead (AutoModelForImageTextToText + AutoProcessor: the "
+        "backbone, the run's CLIP tower, W_in as the projector; chat messages take {'type': 'image'} parts). "
+        "Post-training stages load the default text export only.",
+    )
     ex.set_defaults(func=run_export)
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from pretrain.export import export
+    from pretrain.export import export, export_vlm
     from pretrain.train import prepare_env
 
     prepare_env()
     try:
-        ck = export(args.run, args.out, backbone=args.backbone)
+        ck = (export_vlm if args.vlm else export)(args.run, args.out, backbone=args.backbone)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

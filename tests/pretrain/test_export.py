@@ -169,3 +169,89 @@ def test_export_of_run_in_progress_takes_latest_complete_checkpoint(runs, tmp_pa
     shutil.rmtree(run / "ckpt" / "step3")
     with pytest.raises(FileNotFoundError):
         latest_checkpoint(run)
+
+
+# Runs in a fresh interpreter: the VLM export through transformers' auto classes only, an image + text chat.
+CLEAN_VLM = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model_dir, image_file, out_file = sys.argv[1:4]
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What does it show?"}]}]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(images=Image.open(image_file), text=prompt, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        made = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    torch.save({"input_ids": inputs["input_ids"], "logits": logits}, out_file)
+    ours = sorted(m for m in sys.modules if m.split(".")[0] in ("formats", "pretrain", "posttrain", "pipelines"))
+    image_id = model.config.image_token_index
+    print(json.dumps({
+        "ours": ours, "prompt": prompt, "new_tokens": made.shape[1] - inputs["input_ids"].shape[1],
+        "image_tokens": int((inputs["input_ids"] == image_id).sum()), "arch": type(model).__name__,
+    }))
+    """
+)
+
+
+def test_vlm_export_loads_as_an_image_text_model_with_the_pretraining_logits(runs, tmp_path, capsys) -> None:
+    """``pretrain export --vlm``: a LLaVA-style directory that transformers' auto classes load with no project code;
+    an image + text chat generates, and on an image whose corpus slot budget equals the tower's N patches the
+    logits equal the pre-training model's own (≤ 1e-5, fp32)."""
+    from PIL import Image
+
+    from pipelines.assembly.interleave import ImageTokenRule
+    from pipelines.cli import main
+    from pretrain.config import ModelConfig
+    from pretrain.data import load_pixels
+    from pretrain.export import consolidated_state, latest_checkpoint
+    from pretrain.model import VisualPretrainModel
+
+    run, model_dir = runs(2, 1), tmp_path / "vlm"
+    assert main(["pretrain", "export", str(run), "--out", str(model_dir), "--vlm"]) == 0
+    cfg = json.loads((run / "config.json").read_text())
+    crop = cfg["data"]["crop_size"]
+
+    # 224 × 224: ⌈224/28⌉² = 64 corpus slots, and the tiny tower's (64/8)² = 64 patches
+    img = Image.new("RGB", (224, 224), "white")
+    for x in range(0, 224, 16):
+        img.paste((30 + x, 120, 250 - x), (x, 40 + x // 4, x + 12, 200))
+    img.save(tmp_path / "figure.png")
+    n = (crop // 8) ** 2
+    assert ImageTokenRule()(224, 224) == n == 64
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    args = [str(model_dir), str(tmp_path / "figure.png"), str(tmp_path / "vlm_out.pt")]
+    done = subprocess.run(
+        [sys.executable, "-c", CLEAN_VLM, *args], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["ours"] == [] and got["arch"] == "LlavaForConditionalGeneration"
+    assert got["image_tokens"] == n and got["new_tokens"] >= 1 and "<image>What does it show?" in got["prompt"]
+
+    saved = torch.load(tmp_path / "vlm_out.pt")
+    ids, exported = saved["input_ids"], saved["logits"]
+    model = VisualPretrainModel.load(ModelConfig(backbone=cfg["model"]["backbone"], encoder=cfg["model"]["encoder"]))
+    missing, _ = model.load_state_dict(consolidated_state(latest_checkpoint(run)), strict=False)
+    assert not [k for k in missing if k.startswith(("backbone.", "w_in.", "psi."))]
+    model.eval()
+    image_id = json.loads((model_dir / "config.json").read_text())["image_token_index"]
+    where = (ids[0] == image_id).nonzero()[:, 0]
+    start = int(where[0])
+    assert where.tolist() == list(range(start, start + n))  # one contiguous slot run
+    vocab = model.vocab_size
+    pixels = load_pixels((tmp_path / "figure.png").read_bytes(), (crop, crop))[None]
+    ours = model.logits(
+        ids.clamp(max=vocab - 1),  # the <image> id is past Φ's vocabulary; its slots are overwritten
+        torch.arange(ids.shape[1])[None],
+        torch.ones_like(ids),
+        pixels,
+        torch.tensor([[0, start, n]]),
+    )
+    assert (exported[..., :vocab] - ours).abs().max().item() <= 1e-5
