@@ -131,23 +131,40 @@ def hanging_pdf(n_pages: int = 1, hanging: tuple[int, ...] = (0,), depth: int = 
         body = b"0 0 1 1 re f" if last else b"q 0.5 0 0 0.5 0 0 cm /X0 Do Q q 0.5 0 0 0.5 306 396 cm /X0 Do Q"
         res = b"<< >>" if last else b"<< /XObject << /X0 %d 0 R >> >>" % (form0 + k + 1)
         objs[form0 + k] = _stream(b"/Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources " + res, body)
+    lines = [
+        b"Page %d of a document built to test the page timeout of the parser.",
+        b"The parser must give up on the pages that never finish drawing, and keep the others.",
+        b"A page that draws a form which draws the next form twice, forty levels deep, never ends.",
+        b"Every other page of the document carries ordinary text like this paragraph.",
+    ]
+    # body text in the middle of the page (a layout model takes lines at the very top for a header)
+    return _text_pages(objs, form0 + depth, n_pages, hanging, lines, 460, b"q /X0 Do Q", b"/X0 %d 0 R" % form0)
+
+
+def _text_pages(
+    objs: dict[int, bytes],
+    first: int,
+    n_pages: int,
+    bad: tuple[int, ...],
+    lines: list[bytes],
+    top: int,
+    draw: bytes,
+    xobjects: bytes,
+) -> bytes:
+    """A hostile test PDF's pages (objects from ``first`` on) and page tree: every page carries ``lines`` of text
+    at ``top`` (``%d`` in the first line is the page number); the pages in ``bad`` also run ``draw`` with
+    ``xobjects`` as their XObject resources."""
     kids = []
-    first_page = form0 + depth
     for p in range(n_pages):
-        page_obj, content_obj = first_page + 2 * p, first_page + 2 * p + 1
-        # body text in the middle of the page (a layout model takes lines at the very top for a header)
-        lines = [
-            b"Page %d of a document built to test the page timeout of the parser." % (p + 1),
-            b"The parser must give up on the pages that never finish drawing, and keep the others.",
-            b"A page that draws a form which draws the next form twice, forty levels deep, never ends.",
-            b"Every other page of the document carries ordinary text like this paragraph.",
-        ]
-        text = b"BT /F0 11 Tf 72 460 Td 14 TL " + b" ".join(b"(%s) Tj T*" % line for line in lines) + b" ET"
-        draw = b" q /X0 Do Q" if p in hanging else b""
-        objs[content_obj] = _stream(b"", text + draw)
+        page_obj, content_obj = first + 2 * p, first + 2 * p + 1
+        body = [lines[0] % (p + 1), *lines[1:]]
+        text = b"BT /F0 11 Tf 72 %d Td 14 TL " % top + b" ".join(b"(%s) Tj T*" % line for line in body) + b" ET"
+        objs[content_obj] = _stream(b"", text + (b" " + draw if p in bad else b""))
+        res = b"/Font << /F0 3 0 R >>" + (b" /XObject << " + xobjects + b" >>" if p in bad else b"")
         objs[page_obj] = (
-            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R " % content_obj
-            + b"/Resources << /Font << /F0 3 0 R >> /XObject << /X0 %d 0 R >> >> >>" % form0
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R /Resources << " % content_obj
+            + res
+            + b" >> >>"
         )
         kids.append(b"%d 0 R" % page_obj)
     objs[2] = b"<< /Type /Pages /Kids [" + b" ".join(kids) + b"] /Count %d >>" % n_pages
@@ -187,28 +204,13 @@ def hanging_render_pdf(n_pages: int, hanging: tuple[int, ...], images: int = 400
         objs[first_image + k] = image
     names = b" ".join(b"/Im%d %d 0 R" % (k, first_image + k) for k in range(images))
     draws = b" ".join(b"q 300 0 0 200 %d %d cm /Im%d Do Q" % (150 + k % 8, 100 + k % 5, k) for k in range(images))
-    kids = []
-    first_page = first_image + images
-    for p in range(n_pages):
-        page_obj, content_obj = first_page + 2 * p, first_page + 2 * p + 1
-        lines = [
-            b"Page %d of a document built to test the page timeout of the parser's renders." % (p + 1),
-            b"Some pages of it draw hundreds of gigapixel images: their text reads at once, their pixels do not.",
-            b"The parser must quarantine those pages after the page timeout and keep all the others.",
-            b"Every other page of the document carries ordinary text like this paragraph.",
-        ]
-        text = b"BT /F0 11 Tf 72 660 Td 14 TL " + b" ".join(b"(%s) Tj T*" % line for line in lines) + b" ET"
-        draw = b" " + draws if p in hanging else b""
-        objs[content_obj] = _stream(b"", text + draw)
-        res = b"/Font << /F0 3 0 R >>" + (b" /XObject << " + names + b" >>" if p in hanging else b"")
-        objs[page_obj] = (
-            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R /Resources << " % content_obj
-            + res
-            + b" >> >>"
-        )
-        kids.append(b"%d 0 R" % page_obj)
-    objs[2] = b"<< /Type /Pages /Kids [" + b" ".join(kids) + b"] /Count %d >>" % n_pages
-    return _raw_pdf(objs)
+    lines = [
+        b"Page %d of a document built to test the page timeout of the parser's renders.",
+        b"Some pages of it draw hundreds of gigapixel images: their text reads at once, their pixels do not.",
+        b"The parser must quarantine those pages after the page timeout and keep all the others.",
+        b"Every other page of the document carries ordinary text like this paragraph.",
+    ]
+    return _text_pages(objs, first_image + images, n_pages, hanging, lines, 660, draws, names)
 
 
 def zero_pages_pdf() -> bytes:
