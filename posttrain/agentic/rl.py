@@ -6,8 +6,8 @@ infrastructure failures are dropped from the group (never a 0 reward). Credit: t
 (leave-one-out) session advantage A_i goes to every trainable segment of the session's stored path,
 scaled by the deterministic process weight w_{i,k} when A_i > 0 (``posttrain.objectives.credit``), on the exact
 token spans the trace store recorded. The learner step is the RL-loop learner's own update (detached IS
-weight, BKL mask, Eq 29; ``Learner.update``) with these per-token advantages: ``Learner.train`` shapes one
-scalar per trajectory first, this module passes a ``[N, T]`` advantage instead.
+weight, BKL mask, Eq 29) with these per-token advantages, which the batch carries (``Batch.advantages``) in place of
+the scalar rewards ``Learner.train`` would otherwise shape.
 
 Run: ``python -c "from posttrain.agentic.rl import run_agentic, debug; print(run_agentic(debug(), '/tmp/ag'))"``
 """
@@ -30,7 +30,7 @@ from posttrain.objectives.advantages import loo_advantages
 from posttrain.objectives.credit import Step, annotate, segment_advantages
 from posttrain.rl import engines
 from posttrain.rl.engines import R3_KEYS, EngineConfig, PolicyConfig, config_is_moe
-from posttrain.rollout.types import Request, Trajectory
+from posttrain.rollout.types import Request
 
 if TYPE_CHECKING:
     from posttrain.rollout.scheduler import Batch
@@ -79,26 +79,6 @@ def session_credit(
         w[i, : len(wi)] = torch.tensor(wi)
     out = segment_advantages(torch.tensor(advantages, dtype=torch.float32), w, seg)
     return [out[i, : len(e["token_ids"])].tolist() for i, e in enumerate(exports)]
-
-
-def train_step(learner: Any, trajs: list[Trajectory], token_adv: list[list[float]]) -> dict[str, float]:
-    """One learner version (``Learner.update``) on per-token advantages aligned with each trajectory's ``token_ids``."""
-    from posttrain.rl.learner import pack
-
-    p = pack(trajs, learner.version)
-    adv = torch.zeros_like(p.behaviour)
-    for i, a in enumerate(token_adv):
-        adv[i, : len(a)] = torch.tensor(a)
-    m = learner.update(p, adv)
-    # On-policy check: before the update, the learner's logprobs of the stored response tokens against the
-    # behaviour logprobs the gateway captured (≈ 0 when the engine served this model; large for a scripted agent).
-    return {
-        "loss": m["loss"],
-        "clip_fraction": m["clip_fraction"],
-        "kept": m["kept_tokens"],
-        "max_behaviour_logprob_gap": m["mismatch_abs_max"],
-        **{k: m[k] for k in ("bkl_masked_fraction", *R3_KEYS) if k in m},
-    }
 
 
 # -- a scripted agent policy ---------------------------------------------------------------------------
@@ -229,8 +209,6 @@ class AgenticStage:
         self.tasks = (read_tasks(config.tasks) if config.tasks else coding_tasks())[: config.n_tasks]
         self.tools = {"write_file", "read_file", "run_tests"}
         self.step_index, self.attempt = 0, 0
-        self._advs: dict[str, list[float]] = {}
-        self._stats: dict[str, float] = {}
 
     def config(self) -> dict[str, Any]:
         return asdict(self.cfg)
@@ -242,7 +220,7 @@ class AgenticStage:
         from posttrain.rollout.scheduler import Batch
 
         cfg, step = self.cfg, self.step_index
-        groups, rewards_all, infra, unjailed, self._advs = [], [], 0, 0, {}
+        groups, rewards_all, infra, unjailed, advs = [], [], 0, 0, {}
         for task in self.tasks:
             sessions, rewards, weights = [], [], []
             for r in range(cfg.group_size):
@@ -264,19 +242,29 @@ class AgenticStage:
                 continue
             a = loo_advantages(torch.tensor([rewards]))[0].tolist()
             for s, adv in zip(sessions, session_credit(self.store, sessions, a, weights)):
-                self._advs[s] = adv[self.store.session_export(s)["spans"][0][0] :]
+                advs[s] = adv[self.store.session_export(s)["spans"][0][0] :]
             groups.append([self.store.session_trajectory(s, rw) for s, rw in zip(sessions, rewards)])
             rewards_all += rewards
         self.step_index += 1
         # unjailed: sessions graded outside the jail (sandbox.allow_unjailed), said per step
-        self._stats = {"reward_mean": sum(rewards_all) / max(len(rewards_all), 1), "infra": infra, "unjailed": unjailed}
-        return Batch(groups=groups, version=self.learner.version, stats=dict(self._stats))
+        stats = {"reward_mean": sum(rewards_all) / max(len(rewards_all), 1), "infra": infra, "unjailed": unjailed}
+        credit = [advs[t.request_id] for g in groups for t in g]  # Eq 30 per token of each session's trajectory
+        return Batch(groups=groups, version=self.learner.version, stats=stats, advantages=credit)
 
     def train(self, batch: Batch) -> dict[str, Any]:
         trajs = [t for g in batch.groups for t in g]
         if not trajs:
             return {"loss": 0.0}
-        return train_step(self.learner, trajs, [self._advs[t.request_id] for t in trajs])
+        m = self.learner.train(batch)  # Learner.update on the batch's per-token credit
+        # On-policy check: before the update, the learner's logprobs of the stored response tokens against the
+        # behaviour logprobs the gateway captured (≈ 0 when the engine served this model; large for a scripted agent).
+        return {
+            "loss": m["loss"],
+            "clip_fraction": m["clip_fraction"],
+            "kept": m["kept_tokens"],
+            "max_behaviour_logprob_gap": m["mismatch_abs_max"],
+            **{k: m[k] for k in ("bkl_masked_fraction", *R3_KEYS) if k in m},
+        }
 
     def sync(self) -> None:
         if self.cfg.engine.kind != "scripted":  # the scripted agent has no weights; the policy serves the learner's
@@ -284,7 +272,7 @@ class AgenticStage:
 
     def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
         trajs = [t for g in batch.groups for t in g]
-        return {"reward": self._stats["reward_mean"], **self._stats, **metrics, "sessions": len(trajs)}
+        return {"reward": batch.stats["reward_mean"], **batch.stats, **metrics, "sessions": len(trajs)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"step_index": self.step_index, "attempt": self.attempt}

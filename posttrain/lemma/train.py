@@ -36,7 +36,7 @@ from posttrain.lemma.tasks import make_rows
 from posttrain.lemma.verifiers import FormalVerifier, LemmaVerifier, ModelVerifier, NoisyVerifier
 from posttrain.rl import engines
 from posttrain.rl.engines import R3_KEYS, EngineConfig, PolicyConfig
-from posttrain.rl.learner import Learner, LearnerConfig, pack
+from posttrain.rl.learner import Learner, LearnerConfig
 from posttrain.rollout.scheduler import Batch
 
 
@@ -254,7 +254,6 @@ class LemmaStage:
         self.verifier = self._verifier()
         self.rows = cfg.task.rows()
         self.step_index = 0
-        self._stats: dict[str, float] = {}
 
     def _verifier(self) -> LemmaVerifier:
         c = self.cfg
@@ -346,10 +345,9 @@ class LemmaStage:
         trajs, adv, kept = hierarchical_batch(
             groups, cfg.reward, graph=cfg.graph_credit, drop_saturated=cfg.drop_saturated
         )
-        self._adv = adv
         m = batch_metrics(traces, cfg.reward)
         conj = batch_metrics(traces, "conjugate")["reward"] if cfg.reward != "conjugate" else m["reward"]
-        self._stats = {
+        stats = {
             **m,
             "reward_conjugate": conj,
             "questions_kept": len(kept),
@@ -363,19 +361,17 @@ class LemmaStage:
         for t in trajs:
             by_q.setdefault(t.group_id.rsplit("g", 1)[0], []).append(t)
         self.step_index += 1
-        return Batch(groups=list(by_q.values()), version=self.learner.version, stats=dict(self._stats))
+        credit = {t.request_id: adv[i, : t.n_tokens].tolist() for i, t in enumerate(trajs)}  # round advantages
+        ordered = [t for g in by_q.values() for t in g]
+        return Batch(
+            list(by_q.values()), self.learner.version, stats, advantages=[credit[t.request_id] for t in ordered]
+        )
 
     def train(self, batch: Batch) -> dict[str, Any]:
-        order = [t for g in batch.groups for t in g]  # the order of hier's rows (groups are consecutive runs)
-        if not order:  # every question saturated: no gradient this step (the version still advances)
+        if not batch.groups:  # every question saturated: no gradient this step (the version still advances)
             self.learner.version += 1
             return {"loss": 0.0, "skipped_update": 1}
-        p = pack(order, self.learner.version)
-        a = torch.zeros_like(p.behaviour)
-        T = min(a.shape[1], self._adv.shape[1])
-        a[:, :T] = self._adv[:, :T]
-        m = self.learner.update(p, a)
-        return {**m, "skipped_update": 0}
+        return {**self.learner.train(batch), "skipped_update": 0}
 
     def sync(self) -> None:
         self.engine.update_weights(self.learner.weights(), self.learner.version)
@@ -393,7 +389,7 @@ class LemmaStage:
         )
         return {
             "version": self.learner.version,
-            **self._stats,
+            **batch.stats,
             **{k: metrics[k] for k in keys if k in metrics},
             "skipped_update": metrics.get("skipped_update", 0),
         }

@@ -49,7 +49,7 @@ from posttrain.objectives.distill import DomainRoute, DomainRouter, opd_advantag
 from posttrain.objectives.policy_loss import ClipConfig
 from posttrain.rl import engines
 from posttrain.rl.engines import R3_KEYS, EngineConfig, PolicyConfig
-from posttrain.rl.learner import pack, token_logprobs
+from posttrain.rl.learner import pack, padded, token_logprobs
 from posttrain.rl.task import prompt_ids
 from posttrain.rl.teachers import TeacherConfig, TeacherScorer
 from posttrain.rollout.engines.hf import HFEngine
@@ -394,8 +394,6 @@ class DistillStage:
         eos = None if tokenizer is None else tokenizer.eos_token_id
         self.stop = () if eos is None else (int(eos),)  # toy languages have no EOS: fixed-length responses
         self._step = 0
-        self._scored: tuple[Tensor, Tensor] | None = None
-        self._prox: Tensor | None = None
 
     # -- the driver's stage protocol ----------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -417,29 +415,34 @@ class DistillStage:
         seeds = 1000 * self._step
         reqs = self._requests(f"s{self._step}", by_domain, cfg.samples_per_query, seeds, routes=self.moe)
         trajs = self._sample(self.engine, reqs)
-        self._scored = self.teacher_logprobs(trajs)
         groups: dict[str, list[Trajectory]] = {}
         for t in trajs:
             groups.setdefault(t.group_id, []).append(t)
-        return Batch(groups=list(groups.values()), version=self.learner.version, stats={})
+        ordered = [t for g in groups.values() for t in g]
+        scored = self.teacher_logprobs(ordered)[0]
+        lp = [row[: t.n_tokens].tolist() for row, t in zip(scored, ordered)]
+        return Batch(list(groups.values()), self.learner.version, {}, teacher_logprobs=lp)
 
     def train(self, batch: Batch) -> dict[str, Any]:
-        trajs = [t for g in batch.groups for t in g]  # the order collect scored them in
-        teacher_lp, weights = self._scored
+        trajs = [t for g in batch.groups for t in g]
         p = pack(trajs)
+        teacher_lp = padded(batch.teacher_logprobs, p.behaviour)
+        weights = self.router.route([t.request.meta["domain"] for t in trajs]).weights
+        proximal: list[Tensor] = []
 
         def advantage(prox: Tensor) -> Tensor:  # Eq 33–36: λ_d · sg[log π_T − log π_prox] on response tokens
-            self._prox = prox
+            proximal.append(prox)
             adv = torch.where(p.response_mask, opd_advantage(teacher_lp, prox), torch.zeros_like(prox))
             return adv * weights.to(adv.dtype).unsqueeze(-1)
 
         m = self.learner.update(p, advantage)
+        prox = proximal[0]
         row: dict[str, Any] = {k: m[k] for k in ("loss", "clip_fraction", *R3_KEYS) if k in m}
         domains = [t.request.meta["domain"] for t in trajs]
         for d in self.teachers:
             rows = torch.tensor([x == d for x in domains])
             mask = p.response_mask[rows]
-            gap = ((self._prox[rows] - teacher_lp[rows]) * mask).sum() / mask.sum()
+            gap = ((prox[rows] - teacher_lp[rows]) * mask).sum() / mask.sum()
             row[f"gap_{d}"] = float(gap)  # mean log π_S − log π_T on the student's own samples
         row.update(self.evaluate())
         return row

@@ -136,6 +136,14 @@ def pack(trajs: list[Trajectory], version: int | None = None) -> Packed:
     return Packed(ids, att, pos, tok, rmask, beh, ver, matched, mmask, routes)
 
 
+def padded(rows: list[list[float]], like: Tensor) -> Tensor:
+    """Per-row values (each row as long as its trajectory's tokens, or shorter) right-padded with 0 to ``like``."""
+    out = torch.zeros_like(like)
+    for i, a in enumerate(rows):
+        out[i, : min(len(a), out.shape[1])] = torch.tensor(a[: out.shape[1]], dtype=out.dtype)
+    return out
+
+
 def token_logprobs(
     model: torch.nn.Module,
     p: Packed,
@@ -210,6 +218,8 @@ class Learner:
         groups = batch.groups
         trajs = [t for g in groups for t in g]
         p = pack(trajs, self.version)
+        if batch.advantages is not None:  # the stage's own per-token credit
+            return self.update(p, padded(batch.advantages, p.behaviour))
         B, G, T = len(groups), max(len(g) for g in groups), p.tokens.shape[1]
         rewards = torch.zeros(B, G)
         gmask = torch.zeros(B, G, dtype=torch.bool)

@@ -101,6 +101,12 @@ class Batch:
     stats: dict[str, float]
     dropped: list[str] = field(default_factory=list)
     """Request ids of the complete groups DAPO dropped while collecting it (finished, never trained)."""
+    advantages: list[list[float]] | None = None
+    """Per trajectory (in group order) the per-token advantages its stage computed (agentic's Eq 30 session credit,
+    lemma's round advantages); None: the learner shapes them from the rewards (Eq 28)."""
+    teacher_logprobs: list[list[float]] | None = None
+    """On-policy distillation: per trajectory the teacher's logprob of each sampled token (the OPD advantage is
+    their gap to the proximal student's, computed in the update)."""
 
 
 _TOTAL_KEYS = (
