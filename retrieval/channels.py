@@ -62,12 +62,16 @@ def channel_text(caption: str, citing: Iterable[str], context: str, drop: Iterab
     def norm(t: str) -> str:
         return re.sub(r"\s+", " ", t or "").strip()
 
+    from retrieval.citations import sentences
+
     drops = [norm(d) for d in drop if norm(d)]
     parts: list[str] = []
     for t in (caption, *citing, context.replace("[IMAGE]", " ")):
         t = norm(t)
         for d in (*drops, *parts):  # held-out sentences, and what an earlier part already says (context repeats)
             t = t.replace(d, " ")
+        if drops:  # the context is cut at a character count: a held-out sentence's cut-off end goes too
+            t = " ".join(p for p in sentences(t) if not any(p in d for d in drops))
         t = norm(t)
         if t:
             parts.append(t)
