@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from posttrain.fit import FitConfig, fit
 from posttrain.lemma.agent import AgentConfig, LemmaAgent, Trace
 from posttrain.lemma.bc import BCExample, collate, examples_from_traces, solved
 from posttrain.lemma.credit import batch_metrics
@@ -291,32 +292,25 @@ class LemmaStage:
         examples, traces = self.bc_examples()
         if not examples:
             raise RuntimeError("cold start: the scripted reasoner solved no training question")
-        model = self.learner.model
-        opt = torch.optim.AdamW(model.parameters(), lr=cs.lr)
+        model, pad = self.learner.model, self.tokenizer.pad_token_id or 0
         gen = torch.Generator().manual_seed(self.cfg.seed)
-        pad = self.tokenizer.pad_token_id or 0
-        model.train()
-        losses: list[float] = []
-        epochs = 0
-        for _ in range(cs.epochs):
-            epochs += 1
-            order = torch.randperm(len(examples), generator=gen).tolist()
-            for i in range(0, len(order), cs.batch_size):
-                b = collate([examples[j] for j in order[i : i + cs.batch_size]], pad_id=pad)
-                logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False).logits
-                lp = torch.log_softmax(logits[:, :-1].float(), -1)
-                nll = -lp.gather(-1, b["input_ids"][:, 1:, None]).squeeze(-1)
-                m = b["loss_mask"][:, 1:].float() * b["weight"][:, None]
-                loss = (nll * m).sum() / m.sum().clamp(min=1)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                losses.append(float(loss.detach()))
-            per_epoch = -(-len(examples) // cs.batch_size)
-            if cs.loss_target > 0 and sum(losses[-per_epoch:]) / per_epoch <= cs.loss_target:
-                break
-        model.eval()
+        per_epoch = -(-len(examples) // cs.batch_size)
+
+        def batches():  # shuffled passes over the examples, weighted masked CE (``bc.collate``)
+            for _ in range(cs.epochs):
+                order = torch.randperm(len(examples), generator=gen).tolist()
+                for i in range(0, len(order), cs.batch_size):
+                    yield collate([examples[j] for j in order[i : i + cs.batch_size]], pad_id=pad)
+
+        def done(losses: list[float]) -> bool:  # a pass's mean loss at or below the target
+            return (
+                cs.loss_target > 0
+                and len(losses) % per_epoch == 0
+                and sum(losses[-per_epoch:]) / per_epoch <= cs.loss_target
+            )
+
+        losses = fit(model, batches(), cfg=FitConfig(lr=cs.lr, grad_clip=1.0), stop=done)
+        epochs = -(-len(losses) // per_epoch)
         if self.learner.reference is not None:  # KL β anchors RL to the cloned policy, not the random one
             self.learner.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.sync()

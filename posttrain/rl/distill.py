@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from formats.overrides import with_overrides
+from posttrain.fit import FitConfig, fit
 from posttrain.objectives.distill import DomainRoute, DomainRouter, opd_advantage
 from posttrain.objectives.policy_loss import ClipConfig
 from posttrain.rl import engines
@@ -340,16 +341,11 @@ def prompts(cfg: DistillConfig, domain: str, n: int, gen: torch.Generator) -> li
 def train_teacher(cfg: DistillConfig, domain: str) -> torch.nn.Module:
     """A tiny LM fitted briefly to one domain's toy language (it never sees the other domain)."""
     model = tiny_lm(cfg.vocab_size, cfg.teacher_hidden, seed=cfg.seed + 100 + MARKER[domain])
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(cfg.seed + 7 * MARKER[domain])
-    model.train()
-    for _ in range(cfg.teacher_steps):
-        x = toy_sequences(cfg, domain, 64, gen, cfg.prompt_len + 1 + cfg.max_new_tokens)
-        loss = model(input_ids=x, labels=x).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return model.eval()
+    n = cfg.prompt_len + 1 + cfg.max_new_tokens
+    texts = (toy_sequences(cfg, domain, 64, gen, n) for _ in range(cfg.teacher_steps))
+    fit(model, texts, lambda m, x: m(input_ids=x, labels=x).loss, FitConfig(lr=3e-3, optimizer="adam"))
+    return model
 
 
 # -- the stage ---------------------------------------------------------------------------------------------------
@@ -511,23 +507,19 @@ class DistillStage:
 
     def sft_warmup(self) -> list[float]:
         """Student CE on teacher-sampled trajectories (each domain's own teacher), ``sft_steps`` steps."""
-        losses = []
-        for s in range(self.cfg.sft_steps):
-            trajs = []
-            for d, teacher in self.teachers.items():
-                ps = {d: self.source.draw(d, self.cfg.queries_per_domain)}
-                trajs += self._sample(HFEngine(teacher, capacity=256), self._requests(f"sft{s}", ps, 1, 10**6 * s))
-            p = pack(trajs)
-            self.student.train()
-            lp = token_logprobs(self.student, p)
-            loss = -(lp * p.response_mask).sum() / p.response_mask.sum()
-            for opt in self.learner.optimizers:
-                opt.zero_grad(set_to_none=True)
-            loss.backward()
-            for opt in self.learner.optimizers:
-                opt.step()
-            losses.append(float(loss.detach()))
-        self.student.eval()
+
+        def teacher_samples():
+            for s in range(self.cfg.sft_steps):
+                trajs = []
+                for d, teacher in self.teachers.items():
+                    ps = {d: self.source.draw(d, self.cfg.queries_per_domain)}
+                    trajs += self._sample(HFEngine(teacher, capacity=256), self._requests(f"sft{s}", ps, 1, 10**6 * s))
+                yield pack(trajs)
+
+        def nll(model: torch.nn.Module, p: Any) -> Tensor:
+            return -(token_logprobs(model, p) * p.response_mask).sum() / p.response_mask.sum()
+
+        losses = fit(self.student, teacher_samples(), nll, optimizers=self.learner.optimizers)
         self.sync()
         return losses
 

@@ -1,0 +1,74 @@
+"""One supervised fitting loop: ``fit(model, batches, loss_fn, FitConfig)`` (masked cross-entropy by default).
+
+Used by the lemma agent's behavioural cloning (``lemma/train.py``, the cold start) and by on-policy distillation's
+SFT warm-up and toy teachers (``rl/distill.py``). Not yet on it: SFT (DeepSpeed, ``sft.py``), the Memory Decoder
+(``memdec/train.py``) and the online draft (``rl/draft.py``), which keep loops of their own.
+
+    python -c "from posttrain.fit import FitConfig, fit; from posttrain.tiny.lm import causal_lm; import torch; \
+m = causal_lm(16, 32); x = torch.randint(0, 16, (4, 8)); \
+print(fit(m, [{'input_ids': x, 'attention_mask': torch.ones_like(x), 'loss_mask': torch.ones_like(x)}] * 3))"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """The optimizer of a fit (when the caller does not pass its own)."""
+
+    lr: float = 1e-3
+    optimizer: Literal["adamw", "adam"] = "adamw"
+    """``adamw`` (torch defaults: weight decay 0.01) or ``adam``."""
+    grad_clip: float = 0.0
+    """Global gradient-norm clip (0 = off)."""
+
+
+def masked_ce(model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """Mean next-token cross-entropy over the positions ``batch["loss_mask"]`` marks (rows weighted by
+    ``batch["weight"]`` when given)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    lp = torch.log_softmax(logits[:, :-1].float(), -1)
+    nll = -lp.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    m = batch["loss_mask"][:, 1:].float()
+    if "weight" in batch:
+        m = m * batch["weight"][:, None]
+    return (nll * m).sum() / m.sum().clamp(min=1)
+
+
+def fit(
+    model: torch.nn.Module,
+    batches: Iterable[Any],
+    loss_fn: Callable[[torch.nn.Module, Any], Tensor] = masked_ce,
+    cfg: FitConfig = FitConfig(),
+    optimizers: list[torch.optim.Optimizer] | None = None,
+    stop: Callable[[list[float]], bool] | None = None,
+) -> list[float]:
+    """One optimizer step per batch of ``loss_fn(model, batch)`` with ``cfg``'s optimizer, or ``optimizers`` (an RL
+    learner's, whose state carries on); ``stop(losses)`` after a step ends the fit early. Returns the losses; the
+    model is left in eval mode."""
+    if optimizers is None:
+        make = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+        optimizers = [make(model.parameters(), lr=cfg.lr)]
+    model.train()
+    losses: list[float] = []
+    for batch in batches:
+        loss = loss_fn(model, batch)
+        for o in optimizers:
+            o.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        for o in optimizers:
+            o.step()
+        losses.append(float(loss.detach()))
+        if stop is not None and stop(losses):
+            break
+    model.eval()
+    return losses
