@@ -1,8 +1,8 @@
 """One supervised fitting loop: ``fit(model, batches, loss_fn, FitConfig)`` (masked cross-entropy by default).
 
-Used by the lemma agent's behavioural cloning (``lemma/train.py``, the cold start) and by on-policy distillation's
-SFT warm-up and toy teachers (``rl/distill.py``). Not yet on it: SFT (DeepSpeed, ``sft.py``), the Memory Decoder
-(``memdec/train.py``) and the online draft (``rl/draft.py``), which keep loops of their own.
+Used by the lemma agent's behavioural cloning (``lemma/train.py``, the cold start), on-policy distillation's SFT
+warm-up and toy teachers (``rl/distill.py``), the Memory Decoder's base, memory and router (``memdec/train.py``) and
+the online draft (``rl/draft.py``). Not on it: SFT (``sft.py``, DeepSpeed's ``engine.backward``).
 
     python -c "from posttrain.fit import FitConfig, fit; from posttrain.tiny.lm import causal_lm; import torch; \
 m = causal_lm(16, 32); x = torch.randint(0, 16, (4, 8)); \
@@ -49,10 +49,13 @@ def fit(
     cfg: FitConfig = FitConfig(),
     optimizers: list[torch.optim.Optimizer] | None = None,
     stop: Callable[[list[float]], bool] | None = None,
+    schedulers: Iterable[Any] = (),
+    on_step: Callable[[Any, float], None] | None = None,
 ) -> list[float]:
-    """One optimizer step per batch of ``loss_fn(model, batch)`` with ``cfg``'s optimizer, or ``optimizers`` (an RL
-    learner's, whose state carries on); ``stop(losses)`` after a step ends the fit early. Returns the losses; the
-    model is left in eval mode."""
+    """One optimizer step per batch of ``loss_fn(model, batch)`` with ``cfg``'s optimizer, or ``optimizers`` (e.g. an
+    RL learner's, or restored from a checkpoint: their state carries on) and their ``schedulers`` (stepped after
+    each); ``on_step(batch, loss)`` after each step (logs, checkpoints); ``stop(losses)`` ends the fit early.
+    Returns the losses; the model is left in eval mode."""
     if optimizers is None:
         make = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
         optimizers = [make(model.parameters(), lr=cfg.lr)]
@@ -67,7 +70,11 @@ def fit(
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         for o in optimizers:
             o.step()
+        for s in schedulers:
+            s.step()
         losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(batch, losses[-1])
         if stop is not None and stop(losses):
             break
     model.eval()

@@ -1,4 +1,4 @@
-"""Training loops in plain torch: the synthetic experiment's base (general text, CE), the memory (Eq 2 against
+"""Training in plain torch (``posttrain.fit``): the synthetic experiment's base (general text, CE), the memory (Eq 2 against
 streamed sparse kNN targets, checkpoint/resume), and the λ router (Eq 4, base and memory frozen).
 
     scifolio memdec train --config debug --work-dir out/memdec [--resume]
@@ -13,9 +13,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.optim.lr_scheduler import LambdaLR
 
 from formats import fs
 from formats.rundir import CHECKPOINT, RunDir
+from posttrain.fit import FitConfig, fit
 from posttrain.memdec.data import Batch, Example, batches, collate, forward, gold, shifted
 from posttrain.objectives.memory_decoder import Router, RouterConfig, router_loss, sparse_memory_loss
 
@@ -43,19 +45,13 @@ def train_base(
     model, examples: Sequence[Example], pad_id: int, steps: int, batch: int, lr: float, seed: int, progress: Progress
 ):
     """Plain next-token training on general text (every position after BOS is answer-side for ``text`` rows)."""
-    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(steps))
-    for step, part in zip(range(steps), batches(examples, batch, seed)):
-        loss = lm_loss(model, collate(part, pad_id))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if progress is not None:
-            progress(step + 1, loss.item())
-    model.eval()
+    parts = (collate(part, pad_id) for _, part in zip(range(steps), batches(examples, batch, seed)))
+    losses: list[float] = []
+    tick = None if progress is None else (lambda _, loss: losses.append(loss) or progress(len(losses), loss))
+    fit(
+        model, parts, lm_loss, FitConfig(grad_clip=1.0), [opt], schedulers=[LambdaLR(opt, _cosine(steps))], on_step=tick
+    )
     return model
 
 
@@ -134,22 +130,22 @@ def train_memory(
             run.trim(start)
         run.write_config({"stage": "memdec-memory", "targets": str(targets), "steps": steps, "batch": batch,
                           "lr": lr, "beta": beta, "save_every": save_every})  # fmt: skip
-        step = start
-        for step, rows in zip(range(start + 1, steps + 1), target_batches(targets, batch, start)):
-            b, toks, probs = targets_batch(rows, pad_id)
-            logits, _ = forward(model, b)
-            loss = sparse_memory_loss(toks, probs, shifted(logits, b), gold(b), beta=beta)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            run.log({"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0]})
+
+        def loss_fn(model, item: tuple[int, list[dict]]) -> torch.Tensor:  # Eq 2 on one batch of target rows
+            b, toks, probs = targets_batch(item[1], pad_id)
+            return sparse_memory_loss(toks, probs, shifted(forward(model, b)[0], b), gold(b), beta=beta)
+
+        def logged(item: tuple[int, list[dict]], loss: float) -> None:
+            step = item[0]
+            run.log({"step": step, "loss": loss, "lr": sched.get_last_lr()[0]})
             if progress is not None:
-                progress(step, loss.item())
+                progress(step, loss)
             if save_every and step % save_every == 0 and step < steps:
                 save(step)
-        save(max(step, start))
+
+        items = zip(range(start + 1, steps + 1), target_batches(targets, batch, start))
+        losses = fit(model, items, loss_fn, FitConfig(grad_clip=1.0), [opt], schedulers=[sched], on_step=logged)
+        save(start + len(losses))
     finally:
         run.close()
     model.eval()
@@ -200,20 +196,17 @@ def train_router(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(steps))
     half = max(1, batch // 2)
     dom, gen = batches(domain, half, seed), batches(general, half, seed + 1)
-    for step in range(1, steps + 1):
-        exs = next(dom) + next(gen)
-        flags = [True] * half + [False] * half
+    mixes = (next(dom) + next(gen) for _ in range(steps))
+    flags = [True] * half + [False] * half
+
+    def loss_fn(router: Router, exs: list[Example]) -> torch.Tensor:  # Eq 4; base and memory frozen
         b = collate(exs, pad_id)
         hb, hm, pb, pm = frozen_outputs(base, memory, b)
-        lam = router(hb, hm, pb, pm)
-        loss = router_loss(pb, pm, lam, gold(b), domain_mask(exs, flags), alpha_s=alpha_s)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        if progress is not None:
-            progress(step, loss.item())
-    router.eval()
+        return router_loss(pb, pm, router(hb, hm, pb, pm), gold(b), domain_mask(exs, flags), alpha_s=alpha_s)
+
+    losses: list[float] = []
+    tick = None if progress is None else (lambda _, loss: losses.append(loss) or progress(len(losses), loss))
+    fit(router, mixes, loss_fn, optimizers=[opt], schedulers=[sched], on_step=tick)
     return router
 
 

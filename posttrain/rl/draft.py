@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.fit import fit
 from posttrain.objectives.speculative import AcceptanceTracker, hybrid_draft_loss
 from posttrain.rollout.engines.speculative import SpeculativeConfig
 from posttrain.rollout.types import Trajectory
@@ -81,20 +82,15 @@ class DraftTrainer:
         pos = torch.tensor([[w[1] + j for j in range(k)] for w in wins]).clamp(max=ids.shape[1] - 1)
         valid = torch.tensor([[j < w[2] for j in range(k)] for w in wins])
         tgt = target[rows.unsqueeze(-1), pos]  # [W, K, V]
-        self.draft.train()
-        loss_val = float("nan")
-        for _ in range(self.cfg.draft_steps):
-            logits = self.draft(input_ids=ids, attention_mask=mask).logits.float() / temperature
-            q = logits[rows.unsqueeze(-1), pos]
-            loss = hybrid_draft_loss(tgt, q, self.tracker.value, eta=self.cfg.eta, mask=valid)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            self.opt.step()
-            loss_val = float(loss.detach())
-        self.draft.eval()
+
+        def loss(draft: torch.nn.Module, _: int) -> Tensor:
+            q = (draft(input_ids=ids, attention_mask=mask).logits.float() / temperature)[rows.unsqueeze(-1), pos]
+            return hybrid_draft_loss(tgt, q, self.tracker.value, eta=self.cfg.eta, mask=valid)
+
+        losses = fit(self.draft, range(self.cfg.draft_steps), loss, optimizers=[self.opt])
         self.version += 1
         return {
-            "draft_loss": loss_val,
+            "draft_loss": losses[-1] if losses else float("nan"),
             "draft_version": self.version,
             "draft_acceptance": float(self.tracker.value.mean()),
         }
