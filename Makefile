@@ -40,12 +40,14 @@ test-fast:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -m "not slow and not integration"
 
 # ruff, then the import contracts of .importlinter (layers, Beam/Ray confinement, no import loops), then
-# .ci/check_atomic_writes.py (every write-and-rename goes through formats.fs).
+# .ci/check_atomic_writes.py (every write-and-rename goes through formats.fs), then .ci/check_backward.py
+# (.backward( only in the RL learner, posttrain.fit and pre-training, counted on the AST).
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python .ci/check_atomic_writes.py
+	$(BIN)/python .ci/check_backward.py
 
 bench:
 	$(BIN)/python benchmarks/build_throughput.py
