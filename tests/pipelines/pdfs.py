@@ -46,6 +46,21 @@ def prose(seed: int, n_words: int = 90) -> str:
     return " ".join(" ".join(words[i : i + 12]).capitalize() + "." for i in range(0, n_words, 12))
 
 
+def draw_table(page, y: float, seed: int, x0: float = 150) -> float:
+    """A vector-drawn table at height ``y``: a ruled 4 x 4 grid, a header row and seeded numbers. Returns its
+    bottom edge."""
+    cols, rows, cw, rh = 4, 4, 78, 16
+    for r in range(rows + 1):
+        page.draw_line((x0, y + r * rh), (x0 + cols * cw, y + r * rh))
+    for c in range(cols + 1):
+        page.draw_line((x0 + c * cw, y), (x0 + c * cw, y + rows * rh))
+    for r in range(rows):
+        for c in range(cols):
+            label = ["T (K)", "sigma", "Ea", "n"][c] if r == 0 else f"{(r * 1.7 + c * 0.3 + seed):.2f}"
+            page.insert_text((x0 + c * cw + 4, y + r * rh + 12), label, fontsize=8)
+    return y + rows * rh
+
+
 def write_paper(path: Path, n_pages: int = 2, seed: int = 0) -> Path:
     import pymupdf
 
@@ -63,17 +78,7 @@ def write_paper(path: Path, n_pages: int = 2, seed: int = 0) -> Path:
         y += 200
         page.insert_text((150, y + 8), f"Figure {p + 1}. Conductivity versus temperature (sample {seed}).", fontsize=9)
         y += 30
-        # a vector-drawn table: ruled grid with numbers
-        x0, cols, rows, cw, rh = 150, 4, 4, 78, 16
-        for r in range(rows + 1):
-            page.draw_line((x0, y + r * rh), (x0 + cols * cw, y + r * rh))
-        for c in range(cols + 1):
-            page.draw_line((x0 + c * cw, y), (x0 + c * cw, y + rows * rh))
-        for r in range(rows):
-            for c in range(cols):
-                label = ["T (K)", "sigma", "Ea", "n"][c] if r == 0 else f"{(r * 1.7 + c * 0.3 + seed):.2f}"
-                page.insert_text((x0 + c * cw + 4, y + r * rh + 12), label, fontsize=8)
-        y += rows * rh + 30
+        y = draw_table(page, y, seed) + 30
         page.insert_text((200, y), "sigma(T) = sigma_0 exp(-E_a / k_B T)        (1)", fontsize=12)
         y += 30
         page.insert_textbox(pymupdf.Rect(72, y, 540, y + 120), prose(seed * 100 + p + 50, 60), fontsize=10)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.pipelines.pdfs import _raster_png, prose
+from tests.pipelines.pdfs import _raster_png, draw_table, prose
 
 # (body sentence citing the figure of this page, caption topic) per page; page 0 also holds Table 1 + Eq. (1).
 PAPERS = {
@@ -48,15 +48,8 @@ def write_cited_paper(path: Path, lang: str, seed: int) -> Path:
         # unrelated prose between figures, so the text around one figure does not reach the next one's
         page.insert_textbox(pymupdf.Rect(72, 560, 540, 780), prose(seed * 100 + p, 100), fontsize=10)
         if p == 0:  # a ruled table with its caption above it, and a numbered equation
-            y, x0, cols, rows, cw, rh = 420, 150, 4, 4, 78, 16
-            page.insert_text((150, y - 8), "Table 1. Fitted parameters." if lang == "en" else "Tabelle 1. Parameter.")
-            for r in range(rows + 1):
-                page.draw_line((x0, y + r * rh), (x0 + cols * cw, y + r * rh))
-            for c in range(cols + 1):
-                page.draw_line((x0 + c * cw, y), (x0 + c * cw, y + rows * rh))
-            for r in range(rows):
-                for c in range(cols):
-                    page.insert_text((x0 + c * cw + 4, y + r * rh + 12), f"{r * 1.7 + c + seed:.2f}", fontsize=8)
+            page.insert_text((150, 412), "Table 1. Fitted parameters." if lang == "en" else "Tabelle 1. Parameter.")
+            draw_table(page, 420, seed)
             page.insert_text((200, 530), "sigma(T) = sigma_0 exp(-E_a / k_B T)        (1)", fontsize=12)
     doc.save(path)
     doc.close()
