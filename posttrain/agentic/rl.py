@@ -14,6 +14,7 @@ Run: ``python -c "from posttrain.agentic.rl import run_agentic, debug; print(run
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -300,10 +301,8 @@ def run_agentic(config: AgenticConfig, out: str | Path, resume: bool = False, pr
     return metrics
 
 
-def resolve(config: AgenticConfig) -> AgenticConfig:
-    """The engine section checked (``engines.resolve``): hf (in process or Ray) or the scripted agent; an MoE policy
-    under the scripted agent is refused naming R3 (its tokens come with no routes to replay)."""
-    return engines.resolve(config, ("hf", "scripted"), "posttrain agentic")
+resolve = functools.partial(engines.resolve, kinds=("hf", "scripted"), stage="posttrain agentic")
+"""The engine section checked: hf (in process or Ray) or the scripted agent (an MoE policy refused, naming R3)."""
 
 
 def read_tasks(path: str) -> list[Task]:

@@ -21,6 +21,7 @@ samples what the uninterrupted one would have.
 from __future__ import annotations
 
 import copy
+import functools
 import random
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -204,9 +205,8 @@ RECIPES = {"debug": debug, "s1mo": s1mo}
 """Named configs for ``scifolio posttrain lemma train --config NAME``."""
 
 
-def resolve(cfg: LemmaTrainConfig) -> LemmaTrainConfig:
-    """The engine section checked (``engines.resolve``: the kinds lemma train runs on, R3 for MoE)."""
-    return engines.resolve(cfg, ("hf",), "posttrain lemma train")
+resolve = functools.partial(engines.resolve, kinds=("hf",), stage="posttrain lemma train")
+"""The engine section checked (``engines.resolve``: the kinds lemma train runs on, R3 for MoE)."""
 
 
 def build_policy(cfg: LemmaTrainConfig) -> tuple[torch.nn.Module, HFCodec]:

@@ -314,13 +314,6 @@ def read_prompts(path: str, tokenizer: Any) -> list[list[int]]:
 
 
 # -- debug models and data ---------------------------------------------------------------------------------------
-def tiny_lm(vocab: int, hidden: int, seed: int, layers: int = 2) -> torch.nn.Module:
-    from posttrain.tiny.lm import causal_lm
-
-    torch.manual_seed(seed)
-    return causal_lm(vocab, hidden, layers, max_position_embeddings=64).train()
-
-
 def toy_sequences(cfg: DistillConfig, domain: str, n: int, gen: torch.Generator, length: int) -> Tensor:
     """``[n, length]`` text of one domain's toy language: marker, noise, then a counting run."""
     m = cfg.vocab_size - FIRST_CONTENT
@@ -340,7 +333,8 @@ def prompts(cfg: DistillConfig, domain: str, n: int, gen: torch.Generator) -> li
 
 def train_teacher(cfg: DistillConfig, domain: str) -> torch.nn.Module:
     """A tiny LM fitted briefly to one domain's toy language (it never sees the other domain)."""
-    model = tiny_lm(cfg.vocab_size, cfg.teacher_hidden, seed=cfg.seed + 100 + MARKER[domain])
+    teacher = PolicyConfig(hidden_size=cfg.teacher_hidden, seed=cfg.seed + 100 + MARKER[domain])
+    model = engines.build_policy(teacher, vocab_size=cfg.vocab_size, max_position_embeddings=64)[0]
     gen = torch.Generator().manual_seed(cfg.seed + 7 * MARKER[domain])
     n = cfg.prompt_len + 1 + cfg.max_new_tokens
     texts = (toy_sequences(cfg, domain, 64, gen, n) for _ in range(cfg.teacher_steps))
