@@ -11,8 +11,9 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-AREAS = ("parsing", "visual_gain", "retrieval", "pretrain", "posttrain", "pipelines", "formats", "benchmarks")
+sys.path.insert(0, str(Path(__file__).parent))
+from check_atomic_writes import scan  # noqa: E402  (the one walk over the areas)
+
 ALLOWED = ("posttrain/rl/learner.py", "posttrain/fit.py", "pretrain/")
 EXCEPTIONS = {
     "posttrain/sft.py": "DeepSpeed's engine.backward (ZeRO); not on fit() yet",
@@ -32,16 +33,8 @@ def offenders(path: Path) -> list[int]:
 
 
 def main() -> int:
-    bad = []
-    for area in AREAS:
-        for path in sorted((ROOT / area).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            if rel.startswith(ALLOWED) or rel in EXCEPTIONS:
-                continue
-            bad += [f"{rel}:{line}" for line in offenders(path)]
-    for b in bad:
-        print(f"{b}: .backward( outside the RL learner, posttrain.fit and pre-training (use posttrain.fit.fit)")
-    return 1 if bad else 0
+    why = ".backward( outside the RL learner, posttrain.fit and pre-training (use posttrain.fit.fit)"
+    return scan(offenders, (*ALLOWED, *EXCEPTIONS), why)
 
 
 if __name__ == "__main__":
