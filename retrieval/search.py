@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from retrieval.caption import Captioner
-from retrieval.channels import rrf
+from retrieval.channels import RRF_K, rrf
 from retrieval.embed import Embedder, ImageLike
 from retrieval.index import Hit, SchemaMismatch, ShardedIndex, merge_hits
 from retrieval.rerank import Reranker, order_by_scores
@@ -126,7 +126,7 @@ class Searcher:
             ((name, (field, q)),) = queries.items()
             return self.index.search([q] if field == "sparse" else q, n, via=name, field=field)[0]
         if self.index.config.n_shards == 1:
-            return self.index.hybrid(queries, n, cand)
+            return self.index.hybrid(queries, n, cand, RRF_K)
         lists = {
             name: self.index.search([q] if field == "sparse" else q, cand, via=name, field=field)[0]
             for name, (field, q) in queries.items()

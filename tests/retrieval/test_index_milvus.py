@@ -138,3 +138,25 @@ def test_text_channels_on_lite_and_a_clear_refusal_on_an_older_server(index_conf
         assert got[rows[0].sha256]["text"] == words[0]  # a quality rewrite keeps the channel text
         ix.set_quality({rows[0].sha256: 0.9})
         assert ix.search([f"token{0:02d}"], k=1, field="sparse")[0][0].quality == pytest.approx(0.9)
+
+
+def test_a_text_channel_fanout_index_migrates_with_its_text(tmp_path, corpus_out):
+    """``scifolio index migrate`` on a text-channel fan-out index: text and text vectors are copied, the BM25
+    vectors are recomputed by the target's function (Milvus Lite)."""
+    from dataclasses import replace
+
+    from retrieval.index import IndexConfig, migrate_fanout
+
+    emb, texts = HashEmbedder(16), HashEmbedder(8)
+    rows = rows_from(corpus_out, emb)
+    words = [f"token{i:02d} crop" for i in range(len(rows))]
+    rows = [replace(r, text=w, text_vector=v) for r, w, v in zip(rows, words, texts.encode_texts(words))]
+    uri = str(tmp_path / "mig.db")
+    with ShardedIndex(IndexConfig(uri, name="t", n_shards=3)) as old:
+        old.ensure(emb.dim, texts.dim)
+        old.upsert(rows)
+    with ShardedIndex(IndexConfig(uri, name="t")) as new:
+        assert migrate_fanout(new, drop_old=True)["rows_in_target"] == 12
+        assert new.text_dim() == 8
+        hits = new.search(["token05"], k=2, field="sparse")[0]
+        assert hits[0].sha256 == rows[5].sha256 and len(hits) == 1
