@@ -4,6 +4,7 @@ leave-one-file-out; the same rows on generated pages, digital and scanned copies
 
     python benchmarks/layout.py ../shared/devset --fit [-v] [--only fused,rules,yolo] [--draw /tmp/layout]
     python benchmarks/layout.py --synthetic 40 --only fused,rules,yolo
+    python benchmarks/layout.py ../shared/devset --degraded --only fused,yolo   # scans of the dev set's pages
 
 DIR holds ``pdfs/*.pdf`` and ``truth/*.json`` (``{"pdf": NAME, "pages": {"0": [{"kind", "bbox"}]}}``,
 PDF points, top-left origin, 0-based pages). A predicted box matches a reference box of the same kind
@@ -20,6 +21,8 @@ Rows:
 - ``rapid-layout`` — the scan path (page render, rapid-layout CDLA regions, OCR text) on every page, without
   our cut of equation regions at prose lines.
 - ``yolo`` — the DocLayNet YOLOv8n detector (``parsing.detectors``) on every page.
+- ``eqfinder`` — the pixel-level display-equation finder (``parsing.eqfinder``, trained on self-labelled
+  pages) on every page: equations only (not in the default rows).
 - ``LOFO rules+yolo`` (with ``--fit``) — ``parsing.fusion.fuse`` on the rules and yolo rows' boxes, each file
   with parameters fitted on the other files only (grid search per kind, ``fit``); pages/s is the sum of the
   two rows' times. ``LOFO rules+yolo+pymupdf`` likewise with PyMuPDF's layout as a third voter.
@@ -210,6 +213,32 @@ class BackendRow(Row):
         return preds, pages, time.perf_counter() - t0
 
 
+class EqFinderRow(Row):
+    """``parsing.eqfinder`` on every page's pixels (rendered at 150 dpi): display equations only."""
+
+    def open(self, files: list[Path]) -> None:
+        from parsing.eqfinder import load
+
+        super().open(files)
+        self.model = load()
+
+    def run(self, draw: Path | None) -> tuple[Preds, int, float]:
+        import pymupdf
+
+        from parsing.eqfinder import find_on_page
+
+        preds: Preds = {}
+        pages = 0
+        t0 = time.perf_counter()
+        for f in self.files:
+            with pymupdf.open(f) as doc:
+                for page in doc:
+                    pages += 1
+                    for box, sc in find_on_page(page, self.model):
+                        _add(preds, f.name, page.number, "equation", box, sc)
+        return preds, pages, time.perf_counter() - t0
+
+
 RUNNERS = {
     "fused": lambda: ScifolioRow("fused"),
     "rules": lambda: ScifolioRow("fast"),
@@ -217,6 +246,7 @@ RUNNERS = {
     "pymupdf": lambda: BackendRow("pymupdf"),
     "rapid-layout": lambda: BackendRow("rapidocr"),
     "yolo": lambda: BackendRow("yolo"),
+    "eqfinder": EqFinderRow,
 }
 
 
@@ -399,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
         "--synthetic N: its digital pages) score the labels against its reference boxes",
     )
     ap.add_argument("--out", type=Path, default=None, help="output folder of --self-label")
+    ap.add_argument(
+        "--degraded",
+        action="store_true",
+        help="score degraded renders of FOLDER's PDFs instead (image-only pages: blur, noise, JPEG, "
+        "parsing.selflabel.degraded_pdf, seed --seed, no skew so the reference boxes stay where they are)",
+    )
     args = ap.parse_args(argv)
     if args.self_label is not None:
         return self_label(args)
@@ -409,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         write_synthetic(args.folder, args.synthetic, args.seed, scans=not args.no_scans)
     if args.folder is None:
         ap.error("give a folder or --synthetic N")
+    if args.degraded:
+        args.folder = write_degraded(args.folder, args.seed)
     if not (args.folder / "truth").is_dir():
         print(f"skip: {args.folder}/truth not found (the development set is not part of the repository)")
         return 0
@@ -516,6 +554,21 @@ def self_label(args: argparse.Namespace) -> int:
         pr, rc, f1 = prf(a, t, p)
         print(f"  {k:9s} P{pr:.3f} R{rc:.3f} F1 {f1:.3f}  matched {a} of {t} reference, {p} labelled")
     return 0
+
+
+def write_degraded(folder: Path, seed: int) -> Path:
+    """A temporary copy of ``folder`` (pdfs/ + truth/) whose PDFs are degraded image-only renders."""
+    import shutil
+    import tempfile
+
+    from parsing.selflabel import degraded_pdf
+
+    out = Path(tempfile.mkdtemp(prefix="scifolio-degraded-"))
+    (out / "pdfs").mkdir()
+    shutil.copytree(folder / "truth", out / "truth")
+    for k, f in enumerate(sorted((folder / "pdfs").glob("*.pdf"))):
+        (out / "pdfs" / f.name).write_bytes(degraded_pdf(f.read_bytes(), seed=seed * 1000 + k))
+    return out
 
 
 def write_synthetic(folder: Path, n: int, seed: int, scans: bool = True) -> None:
