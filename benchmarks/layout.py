@@ -51,6 +51,7 @@ import math
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -197,6 +198,12 @@ class BackendRow(Row):
         with pymupdf.open(files[0]) as doc:
             self.backend.parse(str(files[0]), doc, [0])
 
+    def boxes(self, f: Path, doc) -> Iterator[tuple[int, str, tuple, float | None]]:
+        """(page, kind, bbox, score) of every box the backend finds in one document."""
+        for i, parsed in self.backend.parse(str(f), doc, list(range(doc.page_count))).items():
+            for b in parsed.blocks:
+                yield i, b.kind, b.bbox, b.score
+
     def run(self, draw: Path | None) -> tuple[Preds, int, float]:
         import pymupdf
 
@@ -205,38 +212,30 @@ class BackendRow(Row):
         t0 = time.perf_counter()
         for f in self.files:
             with pymupdf.open(f) as doc:
-                idx = list(range(doc.page_count))
-                pages += len(idx)
-                for i, parsed in self.backend.parse(str(f), doc, idx).items():
-                    for b in parsed.blocks:
-                        _add(preds, f.name, i, b.kind, b.bbox, b.score)
+                pages += doc.page_count
+                for i, kind, bbox, sc in self.boxes(f, doc):
+                    _add(preds, f.name, i, kind, bbox, sc)
         return preds, pages, time.perf_counter() - t0
 
 
-class EqFinderRow(Row):
+class EqFinderRow(BackendRow):
     """``parsing.eqfinder`` on every page's pixels (rendered at 150 dpi): display equations only."""
+
+    def __init__(self) -> None:
+        self.name = "eqfinder"
 
     def open(self, files: list[Path]) -> None:
         from parsing.eqfinder import load
 
-        super().open(files)
+        self.files = files
         self.model = load()
 
-    def run(self, draw: Path | None) -> tuple[Preds, int, float]:
-        import pymupdf
-
+    def boxes(self, f: Path, doc) -> Iterator[tuple[int, str, tuple, float | None]]:
         from parsing.eqfinder import find_on_page
 
-        preds: Preds = {}
-        pages = 0
-        t0 = time.perf_counter()
-        for f in self.files:
-            with pymupdf.open(f) as doc:
-                for page in doc:
-                    pages += 1
-                    for box, sc in find_on_page(page, self.model):
-                        _add(preds, f.name, page.number, "equation", box, sc)
-        return preds, pages, time.perf_counter() - t0
+        for page in doc:
+            for box, sc in find_on_page(page, self.model):
+                yield page.number, "equation", box, sc
 
 
 RUNNERS = {

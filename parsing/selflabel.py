@@ -32,7 +32,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from parsing.geometry import BBox, area, box_gap, containment, horizontal_overlap, intersection, union
+from parsing.geometry import (
+    BBox,
+    area,
+    box_gap,
+    containment,
+    group_adjacent,
+    horizontal_overlap,
+    intersection,
+    union,
+)
 from parsing.layout_rules import _EQ_NUMBER, _FIGURE_LABEL, _WORD, Line, PageInfo, _vertical_overlap
 
 if TYPE_CHECKING:
@@ -78,29 +87,15 @@ def display_equations(info: PageInfo) -> list[BBox]:
 
     Math lines are grouped when they touch (gap under 0.6 line heights). A group is a display when no line of
     running text shares its rows (beside it in the same column: inline math continues a sentence), it holds a
-    math-font glyph, and it is set apart: numbered "(n)" on one of its rows at the right, or indented from the
+    math-font glyph or a math symbol, and it is set apart: numbered "(n)" on one of its rows at the right, or indented from the
     column's text on the left by 1.5 line heights or more. Short words between its parts ("otherwise", "if")
     join it; the number does not."""
     lh = info.line_height
     numbers = [ln for ln in info.lines if _EQ_NUMBER.match(ln.text.strip().lstrip(",.;:").strip())]
     math = [ln for ln in info.lines if _mathy(ln) and ln not in numbers]
     prose = [ln for ln in info.lines if _prose(ln)]
-    # math lines that touch: one group (union-find over a small list)
-    parent = list(range(len(math)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i in range(len(math)):
-        for j in range(i + 1, len(math)):
-            if box_gap(math[i].bbox, math[j].bbox) <= 0.6 * lh:
-                parent[find(i)] = find(j)
-    by_root: dict[int, list[Line]] = {}
-    for i, ln in enumerate(math):
-        by_root.setdefault(find(i), []).append(ln)
+    # math lines that touch: one group
+    by_root = {g[0]: [math[i] for i in g] for g in group_adjacent([ln.bbox for ln in math], 0.6 * lh, [])}
     # groups whose boxes touch are one (a sum's limits under a fraction, a brace beside its cases), and so are
     # groups on one row less than two line heights apart (the spaces of "x = 1,  y = 2", "otherwise")
     groups = list(by_root.values())
