@@ -11,6 +11,7 @@ print(fit(m, [{'input_ids': x, 'attention_mask': torch.ones_like(x), 'loss_mask'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,6 +29,20 @@ class FitConfig:
     """``adamw`` (torch defaults: weight decay 0.01) or ``adam``."""
     grad_clip: float = 0.0
     """Global gradient-norm clip (0 = off)."""
+
+
+def lr_factor(step: int, total: int, kind: str = "constant", min_ratio: float = 0.0, warmup: int = 0) -> float:
+    """The one learning-rate schedule: the multiplier of the peak rate after ``step`` optimizer steps of ``total``:
+    linear warm-up over ``warmup`` steps, then ``constant``, ``cosine`` or ``linear`` decay to ``min_ratio``."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if kind == "constant":
+        return 1.0
+    span = max(1, total - warmup)
+    progress = min(step - warmup, span) / span
+    if kind == "linear":
+        return 1.0 - (1.0 - min_ratio) * progress
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def masked_ce(model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:

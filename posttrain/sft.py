@@ -371,11 +371,11 @@ def deepspeed_config(cfg: SFTConfig, world: int) -> dict[str, Any]:
 
 
 def lr_factor(cfg: SFTConfig, step: int) -> float:
-    """Multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): linear warmup, then linear decay."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    span = max(cfg.steps - cfg.warmup_steps, 1)
-    return 1.0 - (1.0 - cfg.min_lr_ratio) * min(1.0, (step - cfg.warmup_steps) / span)
+    """Multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): linear warmup, then linear decay
+    (``posttrain.fit.lr_factor``)."""
+    from posttrain.fit import lr_factor as schedule
+
+    return schedule(step, cfg.steps, "linear", cfg.min_lr_ratio, cfg.warmup_steps)
 
 
 def train(

@@ -7,7 +7,6 @@ streamed sparse kNN targets, checkpoint/resume), and the λ router (Eq 4, base a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from formats import fs
 from formats.rundir import CHECKPOINT, RunDir
-from posttrain.fit import FitConfig, fit
+from posttrain.fit import FitConfig, fit, lr_factor
 from posttrain.memdec.data import Batch, Example, batches, collate, forward, gold, shifted
 from posttrain.objectives.memory_decoder import Router, RouterConfig, router_loss, sparse_memory_loss
 
@@ -25,7 +24,7 @@ Progress = Callable[[int, float], None] | None  # (step, loss)
 
 
 def _cosine(steps: int, floor: float = 0.1) -> Callable[[int], float]:
-    return lambda s: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(1, steps)))
+    return lambda s: lr_factor(s, steps, "cosine", floor)
 
 
 def new_lm(vocab_size: int, hidden: int, seed: int, pad_id: int):

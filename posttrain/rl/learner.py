@@ -14,7 +14,6 @@ initial policy). Logprobs use ``rollout.sampling.sampling_logprobs`` — the eng
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,6 +21,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from posttrain import fit
 from posttrain.objectives.advantages import ShapingConfig, shape
 from posttrain.objectives.policy_loss import BklConfig, ClipConfig, bkl_mask_from_logprobs, policy_loss
 from posttrain.rollout.sampling import sampling_logprobs
@@ -355,12 +355,5 @@ def make_optimizers(model: torch.nn.Module, cfg: LearnerConfig) -> list[torch.op
 
 
 def lr_factor(update: int, cfg: LearnerConfig, total: int) -> float:
-    """Multiplier of ``lr`` after ``update`` optimizer steps: linear warm-up, then constant or cosine to
-    ``min_lr_ratio`` at ``total``."""
-    if cfg.warmup_steps and update < cfg.warmup_steps:
-        return (update + 1) / cfg.warmup_steps
-    if cfg.schedule == "constant":
-        return 1.0
-    span = max(1, total - cfg.warmup_steps)
-    progress = min(1.0, (update - cfg.warmup_steps) / span)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    """``posttrain.fit.lr_factor`` with the learner's schedule fields."""
+    return fit.lr_factor(update, total, cfg.schedule, cfg.min_lr_ratio, cfg.warmup_steps)
