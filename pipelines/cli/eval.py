@@ -112,25 +112,24 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace):
-    """A factory of the engine ``--engine`` names, or None (after saying why) when it cannot run here."""
+    """A factory of the engine ``--engine`` names (``posttrain.rl.engines.EngineFactory``, the one every stage uses),
+    or None (after saying why) when it cannot run here."""
+    import copy
+    import functools
+
+    from posttrain.rl import engines
+    from posttrain.rl.recipes import RLConfig
+
+    cfg = RLConfig(policy=engines.PolicyConfig(path=args.model), engine=engines.EngineConfig(kind=args.engine))
+    try:
+        cfg = engines.resolve(cfg, ("hf", "vllm"), "scifolio eval")
+    except engines.EngineRefused as e:
+        print(f"error: --engine {args.engine}: {e}", file=sys.stderr)
+        return None
     if args.engine == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            print(
-                "error: --engine vllm: vLLM is not installed (it needs a CUDA GPU): pip install vllm", file=sys.stderr
-            )
-            return None
-        from posttrain.rollout.engines.vllm import VLLMConfig, VLLMEngine
-
-        return lambda: VLLMEngine(VLLMConfig(model=args.model, capacity=args.batch))
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from posttrain.rollout.engines.hf import HFEngine
-
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    return lambda: HFEngine(model, capacity=args.batch)
+        return engines.EngineFactory(cfg, args.batch)
+    model = engines.build_policy(cfg.policy)[0].eval()  # loaded once; each engine holds a copy
+    return engines.EngineFactory(cfg, args.batch, build=functools.partial(copy.deepcopy, model))
 
 
 def _agentic(args: argparse.Namespace, make_engine, tokenizer, ks: list[int]) -> int:  # noqa: ANN001
