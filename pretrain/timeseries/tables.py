@@ -14,8 +14,8 @@ that continue each series at its inferred frequency (a ``step`` column 1..H only
 column; integer time columns continue as integers), the value column's name for the median, then ``q0.1 … q0.9``.
 
 Rules (documented in README): an id found in two files is an error naming both; a timestamp repeated within a
-series is an error; timestamps are parsed as ISO, then as the first value's format, then day-first, then per
-value (``1991 Jul``, ``05/12/2020``, ``13.12.2020``, ``2020Q1`` parse); the frequency is pandas' inferred one, or —
+series is an error; timestamps are parsed as ISO, else as the first value's format, day-first or per value
+(``1991 Jul``, ``05/12/2020``, ``13.12.2020``, ``2020Q1`` parse; of several readings the regular one wins); the frequency is pandas' inferred one, or —
 when rows are missing — the smallest step (fixed-width data) or a calendar frequency (month/quarter/year/week
 starts or ends) on whose grid every timestamp lies: missing grid points are inserted as NaN. Any other spacing is
 an "irregular timestamps" error naming the series. NaN values are passed to the model as missing (it masks them;
@@ -143,6 +143,7 @@ def parse_times(col: pd.Series, path: str) -> pd.Series:
     if pd.api.types.is_datetime64_any_dtype(col):
         return col
     text = col.astype("string")
+    found = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for kwargs in ({"format": "ISO8601"}, {}, {"dayfirst": True}, {"format": "mixed"}):
@@ -151,9 +152,26 @@ def parse_times(col: pd.Series, path: str) -> pd.Series:
             except (ValueError, TypeError, OverflowError):
                 continue
             if not out.isna().any():
-                return out
+                if kwargs.get("format") == "ISO8601":
+                    return out
+                found.append(out)
+    if found:
+        # 01/02/2021 parses month-first and day-first alike: keep the first reading pandas infers a frequency for
+        # (over the column's distinct times), else the one with the fewest distinct steps
+        return min(found, key=_irregularity)
     bad = text[pd.to_datetime(text, errors="coerce", format="mixed").isna()].head(1).tolist()
     raise ContractError(f"{path}: timestamp {bad[0] if bad else '?'!r} does not parse as a date", "bad_timestamp")
+
+
+def _irregularity(times: pd.Series) -> tuple[int, int]:
+    idx = pd.DatetimeIndex(times.drop_duplicates().sort_values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            regular = len(idx) >= 3 and pd.infer_freq(idx) is not None
+        except (ValueError, TypeError):
+            regular = False
+    return (0 if regular else 1, int(pd.Series(idx).diff().nunique()))
 
 
 def _calendar_candidates(first: pd.Timestamp) -> list[str]:

@@ -151,3 +151,10 @@ def test_corpus_sources_exclude_the_reserved_packages():
     code = inspect.getsource(corpus).split("RESERVED = ")[0] + inspect.getsource(corpus._statsmodels)
     assert "import pmdarima" not in code and "vega_datasets" not in code
     assert corpus.source_group("aeon:Lynx/Lynx.csv:0") == "aeon:Lynx"
+
+
+def test_ambiguous_day_month_dates_take_the_regular_reading():
+    from pretrain.timeseries.tables import parse_times
+
+    days = pd.Series([d.strftime("%d/%m/%Y") for d in pd.date_range("2021-01-01", periods=14, freq="MS")])
+    assert parse_times(days, "x.csv").tolist() == list(pd.date_range("2021-01-01", periods=14, freq="MS"))
