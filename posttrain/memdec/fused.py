@@ -12,12 +12,14 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from posttrain.objectives.memory_decoder import Router, fuse
+from formats import fs
+from posttrain.objectives.memory_decoder import Router, RouterConfig, fuse
 
 
 @dataclass(frozen=True)
@@ -197,3 +199,17 @@ class FusedLM(torch.nn.Module):
         self.lam_count += real.numel()
         layers = [*ob.cache.layers, *om.cache.layers]
         return SimpleNamespace(logits=torch.log(p.clamp(min=1e-30)), cache=SimpleNamespace(layers=layers), lam=lam)
+
+
+def save_router(router: Router, path: Path, config: RouterConfig) -> None:
+    cfg = {"base_hidden": config.base_hidden, "memory_hidden": config.memory_hidden, "width": config.width}
+    with fs.open_output(path) as f:
+        torch.save({"state": router.state_dict(), "config": cfg}, f)
+
+
+def load_router(path: Path) -> Router:
+    blob = torch.load(path, weights_only=False)
+    router = Router(RouterConfig(**blob["config"]))
+    router.load_state_dict(blob["state"])
+    router.eval()
+    return router

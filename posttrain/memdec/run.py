@@ -21,12 +21,11 @@ from posttrain.memdec.config import MemdecConfig
 from posttrain.memdec.data import load_examples, load_lm, load_tokenizer, shard_examples
 from posttrain.memdec.datastore import KeyValueStore, build_datastore, write_knn_targets
 from posttrain.memdec.evaluate import EvalReport, evaluate
+from posttrain.memdec.fused import load_router, save_router
 from posttrain.memdec.synthetic import write_synthetic
 from posttrain.memdec.train import (
     checkpoint_step,
-    load_router,
     new_lm,
-    save_router,
     train_base,
     train_memory,
     train_router,

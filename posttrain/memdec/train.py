@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
-from formats import fs
 from formats.rundir import CHECKPOINT, RunDir
 from posttrain.fit import FitConfig, fit, lr_factor
 from posttrain.memdec.data import Batch, Example, batches, collate, forward, gold, shifted
@@ -206,18 +205,4 @@ def train_router(
     losses: list[float] = []
     tick = None if progress is None else (lambda _, loss: losses.append(loss) or progress(len(losses), loss))
     fit(router, mixes, loss_fn, optimizers=[opt], schedulers=[sched], on_step=tick)
-    return router
-
-
-def save_router(router: Router, path: Path, config: RouterConfig) -> None:
-    cfg = {"base_hidden": config.base_hidden, "memory_hidden": config.memory_hidden, "width": config.width}
-    with fs.open_output(path) as f:
-        torch.save({"state": router.state_dict(), "config": cfg}, f)
-
-
-def load_router(path: Path) -> Router:
-    blob = torch.load(path, weights_only=False)
-    router = Router(RouterConfig(**blob["config"]))
-    router.load_state_dict(blob["state"])
-    router.eval()
     return router

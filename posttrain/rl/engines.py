@@ -258,7 +258,7 @@ def build_fused(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
         torch.manual_seed(cfg.policy.seed + 2)
         memory = Qwen2ForCausalLM(mcfg).float().eval()
     if m.router is not None:
-        from posttrain.memdec.train import load_router
+        from posttrain.memdec.fused import load_router
 
         router = load_router(m.router)
     else:
