@@ -128,34 +128,35 @@ def _files(paths: list[str]) -> list[str]:
 
 
 def _contract_inputs(paths: list[str], quarantine_dir: str | None):
-    """The forecast contract's reader; refused files / series are printed and quarantined."""
+    """The forecast contract's reader; refused files / series are printed and quarantined. Exits 2 on a
+    ContractError (an id in two files …) or when no series is left."""
     from formats.quarantine import write_quarantine
     from formats.records import Dropped
-    from pretrain.timeseries.tables import read_inputs
+    from pretrain.timeseries.tables import ContractError, read_inputs
 
     files = _files(paths)
-    names, series, refused = read_inputs(files)
+    try:
+        names, series, refused = read_inputs(files)
+    except ContractError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     for r in refused:
         print(f"refused {r.item}: {r.message}", file=sys.stderr)
     if quarantine_dir and refused:
         rows = [Dropped(r.item, "series", r.reason, {"error": r.message[:300]}).to_row() for r in refused]
         write_quarantine(os.path.join(quarantine_dir, "quarantine"), "series", rows)
+    if not series:
+        print("error: no readable series in --data", file=sys.stderr)
+        raise SystemExit(2)
     return files, names, series
 
 
 def run_forecast(args: argparse.Namespace) -> int:
     from pretrain.timeseries.horizon import predict_horizon
     from pretrain.timeseries.pretrained import forecast_any, quantile_levels
-    from pretrain.timeseries.tables import ContractError, forecast_table, write_table
+    from pretrain.timeseries.tables import forecast_table, write_table
 
-    try:
-        _, names, series = _contract_inputs(args.data, os.path.dirname(os.path.abspath(args.out)))
-    except ContractError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if not series:
-        print("error: no readable series in --data", file=sys.stderr)
-        return 2
+    _, names, series = _contract_inputs(args.data, os.path.dirname(os.path.abspath(args.out)))
     model = _load(args.model)
     horizon = args.horizon
     if horizon is None:
@@ -181,20 +182,12 @@ def run_forecast(args: argparse.Namespace) -> int:
 
 def run_finetune(args: argparse.Namespace) -> int:
     from pretrain.timeseries.pretrained import FitConfig, finetune
-    from pretrain.timeseries.tables import ContractError
 
     if args.resume:
         print("error: --init default starts a new run; --resume is for --config runs", file=sys.stderr)
         return 2
     fcfg = apply_sets(FitConfig(steps=200, lr=1e-4, batch=64, warmup=20, log_every=25), args.set)
-    try:
-        files, _, series = _contract_inputs(args.data, args.out)
-    except ContractError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if not series:
-        print("error: no readable series in --data", file=sys.stderr)
-        return 2
+    files, _, series = _contract_inputs(args.data, args.out)
     try:
         last = finetune([s.values for s in series], args.out, fcfg, files, quiet=args.quiet)
     except (FileNotFoundError, ValueError) as e:

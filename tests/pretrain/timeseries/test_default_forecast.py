@@ -69,9 +69,10 @@ def test_channels_hourly_and_integer_times(tmp_path):
 def test_duplicate_id_across_files_is_refused(tmp_path, capsys):
     a = _monthly_csv(tmp_path / "a.csv", ids=("x", "y"))
     b = _monthly_csv(tmp_path / "b.csv", ids=("y",))
-    rc = main(["timeseries", "forecast", "--data", str(a), str(b), "--horizon", "3", "--out", str(tmp_path / "o.csv")])
+    with pytest.raises(SystemExit) as rc:
+        main(["timeseries", "forecast", "--data", str(a), str(b), "--horizon", "3", "--out", str(tmp_path / "o.csv")])
     err = capsys.readouterr().err
-    assert rc == 2 and "'y'" in err and str(a) in err and str(b) in err
+    assert rc.value.code == 2 and "'y'" in err and str(a) in err and str(b) in err
     assert not (tmp_path / "o.csv").exists()
 
 
