@@ -203,16 +203,15 @@ def run_eval(args: argparse.Namespace) -> int:
     from pretrain.timeseries.evaluate import evaluate
 
     model = None if args.model == "none" else _load(args.model)
-    _, records, _ = read_files(args.data, None)
+    _, _, series = _contract_inputs(args.data, None)  # the files forecast reads, read the same way
     h = args.horizon
     hist, act, seasons = [], [], []
-    for r in records:
-        for ch in r.values:
-            a = np.asarray(ch, dtype=np.float64)
-            if a.size > h and np.isfinite(a[-h:]).all():
-                hist.append(a[:-h])
-                act.append(a[-h:])
-                seasons.append(r.season)
+    for s in series:
+        a = s.values
+        if a.size > h and np.isfinite(a[-h:]).all():
+            hist.append(a[:-h])
+            act.append(a[-h:])
+            seasons.append(s.season)
     if not hist:
         print(f"error: no series longer than H={h} with a finite last window", file=sys.stderr)
         return 2

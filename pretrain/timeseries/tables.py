@@ -101,6 +101,20 @@ class InputSeries:
             return None
 
     @property
+    def season(self) -> int:
+        """MASE's seasonal period by Monash's convention (``formats.series.FREQ_SEASON``): 12 monthly, 4 quarterly,
+        24 hourly, 48 half-hourly, 7 daily; 1 when unknown."""
+        from formats.series import FREQ_SEASON, FREQ_SECONDS
+
+        if self.meta.get("freq"):
+            return FREQ_SEASON.get(self.meta["freq"], 1)
+        unit, period = self.freq_unit, self.period_s
+        if period is not None:
+            names = [n for n, sec in FREQ_SECONDS.items() if abs(sec - period) < 1e-6]
+            return FREQ_SEASON.get(names[0], 1) if names else 1
+        return {"month": 12, "quarter": 4}.get(unit or "", 1)
+
+    @property
     def freq_unit(self) -> str | None:
         """The horizon predictor's unit for durations in the series' own frequency ("the next 3 months")."""
         if self.freq is None or isinstance(self.freq, (int, np.integer)):
@@ -243,7 +257,7 @@ def _tsf(path: str) -> tuple[Names, list[InputSeries]]:
             day, _, clock = str(start).partition(" ")  # Monash writes "1979-01-01 00-00-00"
             first = pd.Timestamp(day + (" " + clock.replace("-", ":") if clock else ""))
             last = pd.date_range(first, periods=len(vals), freq=freq)[-1]
-        out.append(InputSeries(r.series_id, None, vals, path, last, freq))
+        out.append(InputSeries(r.series_id, None, vals, path, last, freq, {"freq": r.freq} if r.freq else {}))
     names = Names("series_id", "timestamp" if out and out[0].last is not None else None, "value", None)
     return names, out
 
