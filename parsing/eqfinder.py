@@ -15,7 +15,7 @@ logistic regression (numpy, standardised features) gives each piece a probabilit
 display equation; touching positive pieces form one box. The weights live in ``eqfinder_weights.json`` beside
 this file, with the command and the data that made them.
 
-Status (issue 39 item 2, **not achieved**): trained on ``../shared/samples`` (151 pages, but 610 of 629 positive
+Status (issue 39 item 2, **not achieved**): trained on ``../shared/samples`` (151 pages, but nearly all positive
 pieces from one lecture-notes PDF), it scores equation F1 0.066 on the degraded dev set and 0.037 on synthetic
 scans (``benchmarks/layout.py ... --only eqfinder``), far below the detectors; the parser does not use it. A
 linear model over these features does not separate display lines from text lines across documents; the data
