@@ -17,9 +17,9 @@ this file, with the command and the data that made them.
 
 Status (issue 39 item 2, **not achieved**): trained on ``../shared/samples`` (151 pages, but nearly all positive
 pieces from one lecture-notes PDF), it scores equation F1 0.066 on the degraded dev set and 0.037 on synthetic
-scans (``benchmarks/layout.py ... --only eqfinder``), far below the detectors; the parser does not use it. A
-linear model over these features does not separate display lines from text lines across documents; the data
-set holds one math-heavy document. See benchmarks/RESULTS.md (#39).
+scans (``benchmarks/layout.py ... --only eqfinder``), far below the detectors; the parser does not use it.
+Neither this linear model nor a boosted-tree check separates display lines from text lines across documents on
+these features; the data set holds one math-heavy document. See benchmarks/RESULTS.md (#39).
 """
 
 from __future__ import annotations
