@@ -169,15 +169,19 @@ def test_bulk_build_on_server_matches_upsert_build(milvus_server, corpus_out, ti
         with ShardedIndex(up_cfg.index) as ux, ShardedIndex(bulk_cfg.index) as bx:
             ids = ux.ids()
             assert len(ids) == 12 and bx.ids() == ids and bx.counts() == ux.counts()
-            # A crop held by two files keeps one copy's provenance; which copy may differ between the paths.
+            # A crop held by two files keeps one copy's provenance; which copy may differ between the paths. Its
+            # caption is the caption line next to it in that copy (retrieval.citations): it goes with the copy.
             twice = {c.sha256 for c in crops if c.source == "shard-dup.parquet"}
+            caption_in = {(c.sha256, c.source, c.row): c.caption for c in crops}
             by_up = {r["sha256"]: r for r in ux.get(ids, with_vectors=True)}
             for r in bx.get(ids, with_vectors=True):
                 u = by_up[r["sha256"]]
-                fields = ["kind", "doc_id", "caption", "quality"]
+                fields = ["kind", "doc_id", "quality"]
                 if r["sha256"] not in twice:
-                    fields += ["page_index", "context", "source", "row"]
+                    fields += ["caption", "page_index", "context", "source", "row"]
                 assert {f: r[f] for f in fields} == {f: u[f] for f in fields}
+                for x in (r, u):
+                    assert x["caption"] == caption_in[x["sha256"], x["source"], x["row"]]
                 assert np.allclose(r["vector"], u["vector"], atol=1e-6)
             # Same answers to text and image queries.
             queries = np.concatenate(
