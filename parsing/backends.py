@@ -496,10 +496,12 @@ class YoloBackend:
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
+        from parsing.detectors import render
+
         rendered = {}
         for i in page_indices:
             try:
-                rendered[i] = self.detector.render(doc[i])
+                rendered[i] = render(doc[i])
             except Exception:
                 traceback.print_exc(limit=2)
         idx = list(rendered)

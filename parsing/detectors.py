@@ -207,11 +207,6 @@ class YoloLayout:
         """Pages ``infer`` sends through the network at once (1 for a graph exported for batch 1)."""
         return self.batch if self._batched else 1
 
-    @staticmethod
-    def render(page: pymupdf.Page) -> Rendered:
-        """See ``render``."""
-        return render(page)
-
     def infer(self, rendered: Sequence[Rendered]) -> list[list[tuple[str, BBox, float]]]:
         """For each rendered page (``render``): [(kind, bbox in PDF points, score)], highest score first.
         Letterbox, ONNX in batches, decoding: NumPy, PIL and onnxruntime only, no PyMuPDF, and the network
@@ -240,7 +235,7 @@ class YoloLayout:
         out: list[list[tuple[str, BBox, float]]] = []
         step = self.pages_per_call
         for s in range(0, len(pages), step):
-            out += self.infer([self.render(p) for p in pages[s : s + step]])
+            out += self.infer([render(p) for p in pages[s : s + step]])
         return out
 
 
