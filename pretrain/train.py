@@ -265,10 +265,22 @@ def _float(x: Any) -> float | None:
     return None if x is None else float(x)
 
 
+def shutdown_distributed() -> None:
+    """Leave the process group once every rank is done. A rank that exits with gloo's group still alive can abort
+    in its threads' teardown ("terminate called without an active exception", SIGABRT) after a run that finished
+    and saved: the launcher then reports the whole run failed."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prepare_env()
     train(config_from_args(args), resume=args.resume)
+    shutdown_distributed()
     return 0
 
 

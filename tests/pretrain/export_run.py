@@ -22,7 +22,7 @@ def probe_ids() -> torch.Tensor:
 
 def main(shards: str, models: str, out: str, zero_stage: str) -> None:
     from pretrain.config import debug
-    from pretrain.train import train
+    from pretrain.train import shutdown_distributed, train
 
     def record(engine) -> None:  # noqa: ANN001
         import deepspeed
@@ -46,6 +46,7 @@ def main(shards: str, models: str, out: str, zero_stage: str) -> None:
         **{"data.seq_len": 64},
     )
     train(cfg, on_end=record)
+    shutdown_distributed()
 
 
 if __name__ == "__main__":
