@@ -102,7 +102,8 @@ class Block:
     score: float | None = None
     text_from: str | None = None
     """Where ``text`` came from when the backend did not read it: ``text-layer-math`` for a display equation
-    whose glyphs were taken from the PDF's text layer (plain characters as drawn, not LaTeX)."""
+    whose glyphs were taken from the PDF's text layer (plain characters as drawn, not LaTeX); ``ocr`` for one on a
+    scanned page whose characters OCR read (``parsing.backends.OCR_TEXT``)."""
     proposed_by: str | None = None
     """The layout source(s) whose box this is, ``+``-joined, the one whose box was kept first (e.g.
     ``rules+yolo``); None when one backend parsed the page alone."""

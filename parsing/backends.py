@@ -342,6 +342,14 @@ _CDLA_KIND = {
 }
 
 
+OCR_TEXT = "ocr"
+"""``Block.text_from`` of a display equation on a scanned page whose text OCR read (rapidocr, or the OCR text layer
+the scan shipped with): recognised characters, not LaTeX, and less reliable than a text layer; the crop is the
+equation's picture."""
+OCR_PARSERS = ("rapidocr", "rapid-layout+textlayer")
+"""The ``Page.parser`` labels of :class:`OcrBackend` (its text is OCR text)."""
+
+
 class OcrBackend:
     """Scanned pages: rapid-layout regions + rapidocr lines, both ONNX and offline."""
 
@@ -415,7 +423,8 @@ class OcrBackend:
         items: list[tuple[str, BBox, dict[str, Any]]] = []
         for r, (kind, rb, score) in enumerate(regions):
             body = " ".join(t for _, t in sorted(texts[r], key=lambda x: (x[0][1], x[0][0])))
-            items.append((kind, rb, {"text": body, "score": score}))
+            marked = {"text_from": OCR_TEXT} if kind == "equation" and body else {}
+            items.append((kind, rb, {"text": body, "score": score, **marked}))
         for lb, text in orphans:
             items.append(("text", lb, {"text": text}))
         order = reading_order([b for _, b, _ in items], w)

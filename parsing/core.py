@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from formats.outcomes import is_infrastructure_error
 from formats.records import Block, Document, Dropped, Page, page_id
-from parsing.backends import LayoutBackend, ParsedPage, YoloBackend, make_backend, with_order
+from parsing.backends import OCR_PARSERS, OCR_TEXT, LayoutBackend, ParsedPage, YoloBackend, make_backend, with_order
 from parsing.config import ParseConfig
 from parsing.crops import crop_blocks, render_page
-from parsing.geometry import area
-from parsing.postprocess import refine_blocks, vet_proposals
+from parsing.geometry import BBox, area
+from parsing.postprocess import TEXT_LAYER_MATH, refine_blocks, vet_proposals
 
 if TYPE_CHECKING:
     import pymupdf
@@ -208,22 +208,30 @@ def parse_window(
 
 
 def fused_blocks(
-    page: pymupdf.Page, blocks: list[Block], proposals: Sequence[tuple[str, Block]], voters: Sequence[str]
+    page: pymupdf.Page,
+    blocks: list[Block],
+    proposals: Sequence[tuple[str, Block]],
+    voters: Sequence[str],
+    parser: str = "",
 ) -> list[Block]:
     """The rules' blocks fused with the detectors' proposals (``parsing.fusion.FITTED``), the proposals first
-    read against the text layer like the rules' own blocks (``postprocess.vet_proposals``)."""
+    read against the text layer like the rules' own blocks (``postprocess.vet_proposals``). On a page the OCR
+    backend parsed (``parser``), a box the backend missed takes the OCR text of the lines it covers (a scan's
+    text layer is empty or its OCR layer, already in those lines), marked ``ocr`` on equations."""
     import pymupdf
 
     from parsing.fusion import FITTED, fuse_blocks
+    from parsing.geometry import containment
 
-    ran = ["rules", *voters]
-    return fuse_blocks(
-        blocks,
-        vet_proposals(page, proposals),
-        FITTED,
-        ran,
-        lambda box: page.get_text("text", clip=pymupdf.Rect(box)).strip(),
-    )
+    def ocr_text_at(box: BBox) -> str:
+        return " ".join(b.text for b in blocks if b.kind == "text" and b.text and containment(b.bbox, box) >= 0.8)
+
+    def layer_text_at(box: BBox) -> str:
+        return page.get_text("text", clip=pymupdf.Rect(box)).strip()
+
+    ocr = parser in OCR_PARSERS
+    text_at, text_from = (ocr_text_at, OCR_TEXT) if ocr else (layer_text_at, TEXT_LAYER_MATH)
+    return fuse_blocks(blocks, vet_proposals(page, proposals), FITTED, ["rules", *voters], text_at, text_from)
 
 
 def _run_backend(
@@ -265,7 +273,7 @@ def _finish_page(page: pymupdf.Page, document: Document, parsed: ParsedPage, con
     # Page.parser stays the main backend's label (consumers key on it); which source proposed a fused box is
     # on the block (Block.proposed_by).
     if parsed.voters:
-        blocks = with_order(fused_blocks(page, blocks, parsed.proposals, parsed.voters))
+        blocks = with_order(fused_blocks(page, blocks, parsed.proposals, parsed.voters, parsed.parser))
     blocks = crop_blocks(page, blocks, config, dl)
     render = None
     if config.page_render_dpi:

@@ -122,14 +122,15 @@ def fuse_blocks(
     params: FusionParams,
     ran: Sequence[str],
     text_at: Callable[[BBox], str],
+    text_from: str = "text-layer-math",
 ) -> list[Block]:
     """A page's blocks after fusion. ``blocks``: the page as the backend and the rules left it (source
     ``rules``); ``proposals``: (source, block) from the other backends. A kept box that a rules block is part
     of keeps that block (its text, LaTeX, HTML, caption links) with the fused box; one the rules missed
-    becomes a new block (text from ``text_at``), placed in reading order after the blocks above it, and the
-    text blocks it covers are dropped (their text is in it). Rules visuals nobody kept are dropped. Every
-    fused block records ``proposed_by`` (the sources that voted for it, strongest first). Reading order is
-    left to the caller to renumber (``backends.with_order``)."""
+    becomes a new block (text from ``text_at``; an equation's marked ``text_from``), placed in reading order
+    after the blocks above it, and the text blocks it covers are dropped (their text is in it). Rules visuals
+    nobody kept are dropped. Every fused block records ``proposed_by`` (the sources that voted for it, strongest
+    first). Reading order is left to the caller to renumber (``backends.with_order``)."""
     import dataclasses
 
     from parsing.geometry import containment
@@ -156,7 +157,7 @@ def fuse_blocks(
             out[mine[0].ref] = dataclasses.replace(b, bbox=f.bbox, proposed_by=tag)
             continue
         text = text_at(f.bbox) if f.kind != "figure" else ""
-        math = "text-layer-math" if f.kind == "equation" and text else None  # glyphs as drawn, not LaTeX
+        math = text_from if f.kind == "equation" and text else None  # glyphs as drawn or OCR'd, not LaTeX
         new.append(
             Block(f.kind, f.bbox, text=text, reading_order=order, score=f.confidence, proposed_by=tag, text_from=math)
         )

@@ -95,6 +95,23 @@ def scanned_pdf(dpi: int = 150) -> bytes:
     return doc.tobytes()
 
 
+@functools.cache
+def scanned_equation_pdf(dpi: int = 150) -> bytes:
+    """A scanned page: prose, a centred display equation numbered (2), prose; rendered to an image-only page."""
+    import pymupdf
+
+    src = pymupdf.open()
+    page = src.new_page(width=612, height=792)
+    _paragraph(page, (72, 290, 540, 420), LOREM, 11)
+    page.insert_text((180, 470), "f(x) = a x + b y - z", fontsize=18, fontname="tiit")
+    page.insert_text((470, 470), "(2)", fontsize=12, fontname="tiro")
+    _paragraph(page, (72, 510, 540, 640), LOREM, 11)
+    png = page.get_pixmap(dpi=dpi).tobytes("png")
+    doc = pymupdf.open()
+    doc.new_page(width=612, height=792).insert_image(pymupdf.Rect(0, 0, 612, 792), stream=png)
+    return doc.tobytes()
+
+
 def one_line_pdf(text: str = "hello world", width: float = 612, height: float = 792) -> bytes:
     import pymupdf
 

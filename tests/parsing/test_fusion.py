@@ -62,3 +62,26 @@ def test_fuse_blocks_keeps_rules_blocks_adds_detector_boxes_and_drops_the_text_t
     eq, table = out[1], out[2]
     assert eq.bbox == (200, 100, 400, 120) and eq.text == "E = mc2"
     assert table.text == "read from the text layer" and table.score == pytest.approx(0.475)
+
+
+def test_on_an_ocr_page_a_detected_equation_takes_the_ocr_text_it_covers():
+    """A scan has no text layer to read a fused box from: the OCR lines it covers are its text (marked ``ocr``),
+    not lost with the text blocks it replaces."""
+    import pymupdf
+
+    from parsing.backends import OCR_TEXT
+    from parsing.core import fused_blocks
+
+    page = pymupdf.open().new_page(width=612, height=792)  # no text layer, as on a scan
+    blocks = [
+        Block("text", (72, 100, 540, 140), "prose above", reading_order=0),
+        Block("text", (180, 455, 330, 475), "g(y) = 2 y", reading_order=1),  # an OCR line the layout called text
+        Block("text", (72, 500, 540, 540), "prose below", reading_order=2),
+    ]
+    detected = [("yolo", Block("equation", (175, 450, 335, 480), score=0.99))]
+    out = fused_blocks(page, blocks, detected, ("yolo",), "rapidocr")
+    assert [(b.kind, b.text, b.text_from) for b in out] == [
+        ("text", "prose above", None),
+        ("equation", "g(y) = 2 y", OCR_TEXT),
+        ("text", "prose below", None),
+    ]
