@@ -7,13 +7,27 @@ never inserted) recall@10 against exact numpy search, single-query p50/p99 laten
 (``ShardedIndex.search``) and through pymilvus directly on the same collection (each query through both, back to
 back, the order alternating), resident memory of the server
 per vector (RSS after load minus RSS with the collection released) and disk per vector (the server's storage
-directory). Ingest rates: bulk import of the N rows, and upserts through our layer (a 20,000-row sample).
+directory).
+
+Ingest (issue 35), both paths at the same N, each timed from its first row handed over to every row searchable
+(indexed, loaded, and counted by a Strong-consistency read):
+- bulk: the N rows arrive in embedding-sized batches (256) and are staged as they come by
+  ``retrieval.index.BulkWriter`` (the index job's writer), then ``retrieval.index.bulk_import`` imports the files
+  and returns once the rows are indexed and visible. Recorded apart: staging, import (tasks completed), index
+  build, load. ``ingest_bulk_rows_per_s`` = N / (staging + import + build + load).
+- upsert: the same rows through ``ShardedIndex.upsert`` in 1,000-row calls until a Strong count sees all N
+  (rows in growing segments are searched unindexed, so the build is not inside this window);
+  ``upsert_indexed_s`` adds how long the server then took to index them.
+Prints a capacity line: hours to load 300M rows at the measured bulk rate with 1, 8 and 32 ingest workers
+(assumes each worker has its own import and index node, i.e. linear scaling: not measured here).
+``--ingest-only`` skips the exact top-k and the query timing (ingest rows have ``search_params`` null).
 
 The server binds every interface, so run it in a loopback-only namespace, niced (it uses both cores for hours
 at 1M):
 
     nice -n 10 unshare -n sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/index_scale.py'
     ... benchmarks/index_scale.py --sizes 20000 --indexes HNSW,IVF_SQ8 --out /tmp/x.json   # quick look
+    ... benchmarks/index_scale.py --sizes 100000,300000,1000000 --indexes IVF_SQ8 --ingest-only   # issue 35
 
 Rows go to ``benchmarks/results/index_scale.json`` (rewritten after every measured point, so a run stopped
 part-way keeps what it measured) as ``{n, index, search_params, recall_at_10, p50_ms, p99_ms, bytes_per_vector,
@@ -31,6 +45,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from retrieval.index import BULK_ROWS_PER_FILE
 
 DIM = 512
 K = 10
@@ -73,35 +89,61 @@ def sha(i: int) -> str:
     return f"{i:064x}"  # row i's primary key; the benchmark maps hits back to rows by parsing it
 
 
-def write_parquet(x: np.ndarray, out_dir: Path, rows_per_file: int = 100_000) -> list[str]:
-    """Bulk-import files in the crop index's schema (one column per field), from numpy without Python floats."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+BATCH = 256  # rows per embedded batch handed to the bulk writer
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = []
-    for part, s in enumerate(range(0, len(x), rows_per_file)):
-        e = min(len(x), s + rows_per_file)
-        m = e - s
-        vec = pa.FixedSizeListArray.from_arrays(pa.array(x[s:e].reshape(-1)), DIM).cast(pa.list_(pa.float32()))
-        t = pa.table(
-            {
-                "sha256": pa.array([sha(i) for i in range(s, e)], pa.string()),
-                "vector": vec,
-                "caption": pa.array([""] * m, pa.string()),
-                "context": pa.array([""] * m, pa.string()),
-                "kind": pa.array(["figure"] * m, pa.string()),
-                "doc_id": pa.array([f"doc{i // 20}" for i in range(s, e)], pa.string()),  # ~20 crops per document
-                "page_index": pa.array(np.zeros(m, np.int32)),
-                "source": pa.array([""] * m, pa.string()),
-                "row": pa.array(np.arange(s, e, dtype=np.int64)),
-                "quality": pa.array(np.full(m, -1.0, np.float32)),
-            }
-        )
-        f = out_dir / f"part-{part:05d}.parquet"
-        pq.write_table(t, f)
-        files.append(str(f))
-    return files
+
+def row(i: int, x: np.ndarray):
+    from retrieval.index import IndexRow
+
+    return IndexRow(sha256=sha(i), vector=x[i], kind="figure", doc_id=f"doc{i // 20}", row=i)  # ~20 crops per doc
+
+
+def stage(x: np.ndarray, out_dir: Path, rows_per_file: int) -> dict[int, list[str]]:
+    """The rows as the embedding stage hands them over: batch by batch into the index job's ``BulkWriter``."""
+    from retrieval.index import BulkWriter
+
+    with BulkWriter(str(out_dir), 1, rows_per_file) as w:
+        for s in range(0, len(x), BATCH):
+            w.add([row(i, x) for i in range(s, min(len(x), s + BATCH))])
+    return w.files
+
+
+def upsert_ingest(uri: str, x: np.ndarray, index: str, timeout: float) -> dict:
+    """The same rows through ``ShardedIndex.upsert`` (1,000-row calls) until a Strong count sees them all; then
+    flush (seals the growing segments) and wait for the server to index them."""
+    from retrieval.index import IndexConfig, ShardedIndex
+
+    n = len(x)
+    with ShardedIndex(IndexConfig(uri, name=f"upsert_{n}", index_type=index, build_params=BUILD[index])) as ix:
+        ix.drop()
+        ix.ensure(DIM)
+        t = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        for s in range(0, n, 1000):
+            ix.upsert([row(i, x) for i in range(s, min(n, s + 1000))])
+        write_s = time.perf_counter() - t
+        while ix.count_of(0, "Strong") < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"upserted rows not visible after {timeout}s")
+            time.sleep(0.2)
+        searchable_s = time.perf_counter() - t
+        ix.flush()
+        ix.wait_indexed(0, n, deadline)
+        indexed_s = time.perf_counter() - t
+        ix.drop()
+    return {
+        "upsert_index": index,
+        "upsert_write_s": round(write_s, 1),
+        "upsert_searchable_s": round(searchable_s, 1),
+        "upsert_indexed_s": round(indexed_s, 1),
+        "ingest_upsert_rows_per_s": round(n / searchable_s),
+    }
+
+
+def capacity(rate: float, rows: float = 300e6, workers: tuple[int, ...] = (1, 8, 32)) -> str:
+    return f"300M rows at {rate:,.0f} rows/s per ingest worker: " + ", ".join(
+        f"{rows / (rate * w) / 3600:,.1f} h with {w}" for w in workers
+    )
 
 
 def server_rss() -> int:
@@ -113,19 +155,6 @@ def server_rss() -> int:
 
 def du(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-
-
-def wait_indexed(client, name: str, n: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        d = client.describe_index(name, "vector")
-        if int(d.get("indexed_rows", 0)) >= n and int(d.get("pending_index_rows", 0)) == 0:
-            return
-        if d.get("state") == "Failed":
-            raise RuntimeError(f"index build failed: {d.get('index_state_fail_reason') or d}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"index not built after {timeout}s: {d}")
-        time.sleep(2.0)
 
 
 def paired_latencies(
@@ -157,11 +186,19 @@ def main() -> None:
     ap.add_argument("--build-timeout", type=float, default=5400)
     ap.add_argument("--out", default="benchmarks/results/index_scale.json")
     ap.add_argument("--uri", default=None, help="an existing server (default: start the PyPI milvus server here)")
+    ap.add_argument("--ingest-only", action="store_true", help="ingest rates only (no exact top-k, no queries)")
+    ap.add_argument("--rows-per-file", type=int, default=BULK_ROWS_PER_FILE, help="bulk writer's file size")
+    ap.add_argument(
+        "--build-parallel",
+        type=int,
+        default=4,
+        help="index builds the started server runs at once (indexNode.scheduler.buildParallel; its default is 1)",
+    )
     args = ap.parse_args()
 
     from pymilvus import MilvusClient
 
-    from retrieval.index import IndexConfig, IndexRow, ShardedIndex, search_params
+    from retrieval.index import IndexConfig, ShardedIndex, bulk_import, search_params
 
     base = tempfile.mkdtemp(prefix="index-scale-")
     server = None
@@ -169,6 +206,7 @@ def main() -> None:
         from milvus import default_server as server
 
         server.set_base_dir(os.path.join(base, "milvus"))
+        server.config.set("indexNode.scheduler.buildParallel", args.build_parallel)
         server.start()
         uri = f"http://127.0.0.1:{server.listen_port}"
     else:
@@ -194,43 +232,51 @@ def main() -> None:
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
     queries = clustered(args.queries, centres, args.spread, np.random.default_rng(1))
     try:
-        # Upsert rate through our layer (row by row entities, as the index job writes), on a sample.
-        sample = clustered(20_000, centres, args.spread, np.random.default_rng(2))
-        with ShardedIndex(IndexConfig(uri, name="upsert_rate", index_type="HNSW")) as ix:
-            ix.ensure(DIM)
-            t = time.perf_counter()
-            for s in range(0, len(sample), 1000):
-                ix.upsert(
-                    [IndexRow(sha256=sha(i), vector=sample[i], doc_id=f"doc{i // 20}") for i in range(s, s + 1000)]
-                )
-            upsert_rate = len(sample) / (time.perf_counter() - t)
-            ix.drop()
-        print(f"upsert through ShardedIndex: {upsert_rate:,.0f} rows/s", flush=True)
-
         for n in [int(s) for s in args.sizes.split(",")]:
             t = time.perf_counter()
             x = clustered(n, centres, args.spread, np.random.default_rng(100 + n))
-            truth = exact(x, queries, K)
-            print(f"N={n}: data + exact top-{K} in {time.perf_counter() - t:.1f}s", flush=True)
-            files = write_parquet(x, Path(base) / f"bulk-{n}")
-            del x
+            truth = None if args.ingest_only else exact(x, queries, K)
+            print(f"N={n}: data (+ exact top-{K}) in {time.perf_counter() - t:.1f}s", flush=True)
+            first_index = args.indexes.split(",")[0]
+            up = upsert_ingest(uri, x, first_index, args.build_timeout)
+            print(f"N={n}: upsert {json.dumps(up)}", flush=True)
             for k_index, index in enumerate(args.indexes.split(",")):
                 first = k_index == 0
                 name = f"scale_{n}_{index.lower()}"
                 cfg = IndexConfig(uri, name=name, index_type=index, build_params=BUILD[index])
+                staged = Path(base) / f"bulk-{n}-{index}"
                 try:
                     with ShardedIndex(cfg) as ix:
                         ix.drop()
                         ix.ensure(DIM)  # creates the collection with its index; bulk-imported segments get built
                         client = ix.client
                         disk0 = du(base)
-                        from retrieval.index import bulk_import
-
                         t = time.perf_counter()
-                        imported = bulk_import(ix, {0: files}, timeout_s=args.build_timeout)
-                        import_s = time.perf_counter() - t
-                        wait_indexed(client, name, n, args.build_timeout)
-                        build_s = time.perf_counter() - t
+                        files = stage(x, staged, args.rows_per_file)
+                        stage_s = time.perf_counter() - t
+                        done = bulk_import(ix, files, timeout_s=args.build_timeout)
+                        total_s = time.perf_counter() - t
+                        shutil.rmtree(staged, ignore_errors=True)
+                        ing = {
+                            "ingest_bulk_rows_per_s": round(n / total_s),
+                            "bulk_files": done.files,
+                            "bulk_stage_s": round(stage_s, 1),
+                            "bulk_import_s": round(done.import_s, 1),
+                            "bulk_build_s": round(done.indexed_s - done.import_s, 1),
+                            "bulk_load_s": round(done.searchable_s - done.indexed_s, 1),
+                            "bulk_searchable_s": round(total_s, 1),
+                            "bulk_import_only_rows_per_s": round(n / (stage_s + done.import_s)),
+                            "build_parallel": args.build_parallel,
+                            "load_avg_1m": round(os.getloadavg()[0], 2),
+                            **up,
+                            "bulk_over_upsert": round(n / total_s / up["ingest_upsert_rows_per_s"], 2),
+                        }
+                        print(capacity(n / total_s), flush=True)
+                        if args.ingest_only:
+                            record({"n": n, "index": index, "build_params": BUILD[index], "search_params": None, **ing})
+                            ix.drop()
+                            continue
+                        build_s = done.indexed_s - done.import_s
                         client.release_collection(name)
                         rss_released = server_rss()
                         client.load_collection(name)
@@ -298,8 +344,7 @@ def main() -> None:
                                     "server_rss_gib": round(rss_loaded / 2**30, 2),
                                     "disk_bytes_per_vector": round(disk / n, 1),
                                     "build_s": round(build_s, 1),
-                                    "bulk_import_rows_per_s": round(imported / import_s),
-                                    "upsert_rows_per_s": round(upsert_rate),
+                                    **ing,
                                     "shards_num": cfg.shards_num,
                                     "consistency": "Bounded",
                                     "queries": len(queries),
@@ -310,7 +355,8 @@ def main() -> None:
                     record({"n": n, "index": index, "error": f"{type(e).__name__}: {e}"[:300]})
                     with ShardedIndex(cfg) as ix:
                         ix.drop()
-            shutil.rmtree(Path(base) / f"bulk-{n}", ignore_errors=True)
+                finally:
+                    shutil.rmtree(staged, ignore_errors=True)
     finally:
         if server is not None:
             server.stop()

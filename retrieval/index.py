@@ -416,10 +416,30 @@ class ShardedCollections:
             self.cl(i).flush(name)
 
     def counts(self) -> list[int]:
-        return [
-            int(self.cl(i).query(n, filter="", output_fields=["count(*)"], **self._read)[0]["count(*)"])
-            for i, n in enumerate(self.names)
-        ]
+        return [self.count_of(i) for i in range(len(self.names))]
+
+    def count_of(self, shard: int, consistency: str | None = None) -> int:
+        """Rows in collection ``shard`` that reads see (at the index's consistency level unless given)."""
+        level = consistency or self.config.consistency
+        res = self.cl(shard).query(self.names[shard], filter="", output_fields=["count(*)"], consistency_level=level)
+        return int(res[0]["count(*)"])
+
+    def wait_indexed(self, shard: int, rows: int, deadline: float) -> None:
+        """Wait until every vector index of collection ``shard`` covers ``rows`` rows with none pending (a server
+        builds indexes on sealed segments in the background); ``deadline`` is a ``time.monotonic()`` value."""
+        import time
+
+        client, name = self.cl(shard), self.names[shard]
+        for field_index in client.list_indexes(name):
+            while True:
+                d = client.describe_index(name, field_index)
+                if d.get("state") == "Failed":
+                    raise RuntimeError(f"{name}: index build failed: {d.get('index_state_fail_reason') or d}")
+                if int(d.get("indexed_rows", 0)) >= rows and int(d.get("pending_index_rows", 0)) == 0:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name}: index {field_index} not built in time: {d}")
+                time.sleep(0.5)
 
     def count(self) -> int:
         return sum(self.counts())
@@ -805,55 +825,168 @@ def _group(keys: Iterable, route) -> dict[int, list]:
 
 
 # -- bulk path ---------------------------------------------------------------------------------------------------
-def write_bulk_files(
-    rows: Iterable[IndexRow], out_dir: str, n_shards: int, rows_per_file: int = 200_000
-) -> dict[int, list[str]]:
-    """Write rows as Milvus bulk-import parquet files, one set per shard (``s03-00000.parquet``): one column per
-    schema field, vectors as list<float32> (the layout pymilvus' ``LocalBulkWriter`` produces; written with
-    pyarrow directly so the ``pymilvus[bulk_writer]`` extra and its cloud SDKs are not needed).
-    Returns shard -> file paths. Rows are deduplicated by sha256 (last wins), as upsert would."""
-    import os
+# Rows per bulk-import file. The 2.3 standalone server runs import tasks one at a time and each task costs seconds
+# whatever its size (one segment per shard channel x partition-key bucket, each sealed, flushed and indexed on its
+# own): ten 10k-row files took 69 s to import where one 100k-row file took 12 s (benchmarks/RESULTS.md, issue 35).
+# 1M 512-d rows is 2 GiB of parquet, well under the server's 16 GiB import file limit.
+BULK_ROWS_PER_FILE = 1_000_000
 
+
+class BulkWriter:
+    """Stage rows as Milvus bulk-import parquet files while they are produced: one open file per shard, rows
+    buffered into row groups of ``group_rows`` built straight from the vectors (one float32 matrix, no Python
+    floats), a file closed and moved into ``out_dir`` in one rename once it holds ``rows_per_file`` rows, the
+    rest at ``close``. One column per schema field, vectors as list<float32> (the layout pymilvus'
+    ``LocalBulkWriter`` produces; written with pyarrow directly so the ``pymilvus[bulk_writer]`` extra and its
+    cloud SDKs are not needed).
+
+    Files are named ``s03-<writer id>-00000.parquet`` and appear complete or not at all (an unfinished one is a
+    hidden ``.s03-….tmp``). Repeats inside one ``add`` fold (last wins, as upsert does); repeats across calls or
+    writers are for the importer to drop (``pipelines.jobs.index.dedupe_staged``)."""
+
+    def __init__(self, out_dir: str, n_shards: int, rows_per_file: int = BULK_ROWS_PER_FILE, group_rows: int = 16_384):
+        import os
+        import uuid
+
+        if rows_per_file < 1 or group_rows < 1:
+            raise ValueError("rows_per_file and group_rows must be >= 1")
+        self.out_dir, self.n_shards = out_dir, n_shards
+        self.rows_per_file, self.group_rows = rows_per_file, group_rows
+        self.id = uuid.uuid4().hex
+        self.files: dict[int, list[str]] = {}
+        self._open: dict[int, tuple[Any, str, str]] = {}  # shard -> (parquet writer, tmp path, final path)
+        self._rows: dict[int, int] = {}  # rows in the shard's open file, buffered ones included
+        self._buf: dict[int, list[IndexRow]] = {}
+        self._parts: dict[int, int] = {}
+        os.makedirs(out_dir, exist_ok=True)
+
+    def add(self, rows: Iterable[IndexRow]) -> int:
+        """Append rows (routed to their shard's file); returns rows taken after folding repeats."""
+        by_shard: dict[int, dict[str, IndexRow]] = {}
+        for r in rows:
+            by_shard.setdefault(shard_of(r.sha256, self.n_shards), {})[r.sha256] = r
+        n = 0
+        for shard, got in sorted(by_shard.items()):
+            for r in got.values():
+                buf = self._buf.setdefault(shard, [])
+                buf.append(r)
+                self._rows[shard] = self._rows.get(shard, 0) + 1
+                if len(buf) >= self.group_rows:
+                    self._write(shard)
+                if self._rows[shard] >= self.rows_per_file:
+                    self._finish(shard)
+            n += len(got)
+        return n
+
+    def close(self) -> dict[int, list[str]]:
+        """Write what is buffered, close and move in every open file; returns shard -> every file staged."""
+        for shard in sorted(set(self._open) | {s for s, b in self._buf.items() if b}):
+            self._finish(shard)
+        return self.files
+
+    def __enter__(self) -> BulkWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.close()
+        else:  # leave no half-written file behind (nor move one in)
+            import os
+
+            for w, tmp, _ in self._open.values():
+                w.close()
+                os.unlink(tmp)
+            self._open.clear()
+            self._buf.clear()
+
+    def _write(self, shard: int) -> None:
+        import os
+
+        import pyarrow.parquet as pq
+
+        table = bulk_table(self._buf.pop(shard))
+        if shard not in self._open:
+            part = self._parts.get(shard, 0)
+            self._parts[shard] = part + 1
+            name = f"s{shard:02d}-{self.id}-{part:05d}.parquet"
+            tmp = os.path.join(self.out_dir, f".{name}.tmp")
+            self._open[shard] = (pq.ParquetWriter(tmp, table.schema), tmp, os.path.join(self.out_dir, name))
+        self._open[shard][0].write_table(table)
+
+    def _finish(self, shard: int) -> None:
+        from formats import fs
+
+        if self._buf.get(shard):
+            self._write(shard)
+        w, tmp, path = self._open.pop(shard)
+        w.close()
+        fs.commit(tmp, path)
+        self._rows[shard] = 0
+        self.files.setdefault(shard, []).append(path)
+
+
+def bulk_table(rows: Sequence[IndexRow]):
+    """Rows as one bulk-import table in the image-only schema (``BulkWriter``'s row groups)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    by_shard: dict[int, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        by_shard.setdefault(shard_of(r.sha256, n_shards), {})[r.sha256] = r.to_entity()
-    os.makedirs(out_dir, exist_ok=True)
-    out: dict[int, list[str]] = {}
-    for shard, ents in sorted(by_shard.items()):
-        items = list(ents.values())
-        for part, start in enumerate(range(0, len(items), rows_per_file)):
-            chunk = items[start : start + rows_per_file]
-            dim = len(chunk[0]["vector"])
-            table = pa.table(
-                {
-                    "sha256": pa.array([e["sha256"] for e in chunk], pa.string()),
-                    "vector": pa.array([e["vector"] for e in chunk], pa.list_(pa.float32(), dim)).cast(
-                        pa.list_(pa.float32())
-                    ),
-                    **{f: pa.array([e[f] for e in chunk], pa.string()) for f in ("caption", "context", "kind")},
-                    "doc_id": pa.array([e["doc_id"] for e in chunk], pa.string()),
-                    "page_index": pa.array([e["page_index"] for e in chunk], pa.int32()),
-                    "source": pa.array([e["source"] for e in chunk], pa.string()),
-                    "row": pa.array([e["row"] for e in chunk], pa.int64()),
-                    "quality": pa.array([e["quality"] for e in chunk], pa.float32()),
-                }
-            )
-            path = os.path.join(out_dir, f"s{shard:02d}-{part:05d}.parquet")
-            pq.write_table(table, path)
-            out.setdefault(shard, []).append(path)
-    return out
+    vec = np.asarray([r.vector for r in rows], dtype=np.float32)
+    flat = pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), vec.shape[1]).cast(pa.list_(pa.float32()))
+    return pa.table(
+        {
+            "sha256": pa.array([r.sha256 for r in rows], pa.string()),
+            "vector": flat,
+            "caption": pa.array([clip_bytes(r.caption, MAX_CAPTION) for r in rows], pa.string()),
+            "context": pa.array([clip_bytes(r.context, MAX_CONTEXT) for r in rows], pa.string()),
+            "kind": pa.array([r.kind for r in rows], pa.string()),
+            "doc_id": pa.array([r.doc_id for r in rows], pa.string()),
+            "page_index": pa.array([r.page_index for r in rows], pa.int32()),
+            "source": pa.array([clip_bytes(r.source, MAX_SOURCE) for r in rows], pa.string()),
+            "row": pa.array([r.row for r in rows], pa.int64()),
+            "quality": pa.array([r.quality for r in rows], pa.float32()),
+        }
+    )
 
 
-def bulk_import(index: ShardedIndex, files_by_shard: Mapping[int, Sequence[str]], timeout_s: float = 3600) -> int:
-    """Import bulk files into their shard collections on a Milvus server/cluster and wait for completion.
+def write_bulk_files(
+    rows: Iterable[IndexRow], out_dir: str, n_shards: int, rows_per_file: int = BULK_ROWS_PER_FILE
+) -> dict[int, list[str]]:
+    """Write rows as bulk-import files in one go (``BulkWriter``); returns shard -> file paths. Rows are
+    deduplicated by sha256 (last wins), as upsert would."""
+    with BulkWriter(out_dir, n_shards, rows_per_file) as w:
+        w.add(list(rows))
+    return w.files
 
-    File paths must be readable by the server: keys in its object-storage bucket on a cluster, absolute paths
-    under its local storage for a standalone server. Import has insert semantics (no dedupe against stored
-    rows), so it is refused on a non-empty collection: first loads go through here, re-ingests through
-    upsert(). Milvus Lite has no import service. Returns rows imported."""
+
+@dataclass(frozen=True)
+class BulkImport:
+    """What ``bulk_import`` did: rows imported and where the time went (seconds from the first task submitted)."""
+
+    rows: int
+    files: int
+    import_s: float
+    """Every import task completed (rows persisted as segments)."""
+    indexed_s: float
+    """Every imported row indexed (the server builds the collection's index on each imported segment)."""
+    searchable_s: float
+    """Collections loaded with the imported segments and a search returned an imported row."""
+
+
+def bulk_import(
+    index: ShardedIndex,
+    files_by_shard: Mapping[int, Sequence[str]],
+    timeout_s: float = 3600,
+    max_tasks: int = 8,
+) -> BulkImport:
+    """Import bulk files into their shard collections on a Milvus server/cluster and wait until the rows are
+    searchable: tasks completed, every row indexed, the collections reloaded, and Strong reads counting every
+    imported row (``BulkImport`` says how long each part took).
+
+    One import task per file, at most ``max_tasks`` submitted and not yet finished at any time (a cluster runs
+    them in parallel over its data nodes; the standalone server runs one at a time, so bigger files, not more
+    tasks, are what speeds it up). File paths must be readable by the server: keys in its object-storage bucket
+    on a cluster, absolute paths under its local storage for a standalone server. Import has insert semantics
+    (no dedupe against stored rows), so it is refused on a non-empty collection: first loads go through here,
+    re-ingests through upsert(). Milvus Lite has no import service."""
     import time
 
     if index.config.is_lite:
@@ -864,37 +997,62 @@ def bulk_import(index: ShardedIndex, files_by_shard: Mapping[int, Sequence[str]]
         raise ValueError(f"bulk import into non-empty collections {busy} would duplicate ids; use upsert()")
     from pymilvus import connections, utility
 
+    todo = [(s, f) for s, files in files_by_shard.items() for f in files]
     alias = f"scifolio-bulk-{id(index)}"
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
     # The import API is only exposed through the ORM-style utility module in pymilvus 3.0.
     connections.connect(alias=alias, uri=index.config.uri, token=index.config.token)
     try:
-        tasks = [
-            utility.do_bulk_insert(index.names[s], files=[f], using=alias)
-            for s, files in files_by_shard.items()
-            for f in files
-        ]
-        deadline = time.monotonic() + timeout_s
-        imported = 0
-        pending = list(tasks)
-        while pending:
+        imported: dict[int, int] = dict.fromkeys(files_by_shard, 0)
+        running: list[tuple[int, int]] = []
+        nap = 0.05
+        while todo or running:
+            while todo and len(running) < max_tasks:
+                s, f = todo.pop(0)
+                running.append((s, utility.do_bulk_insert(index.names[s], files=[f], using=alias)))
             still = []
-            for tid in pending:
+            for s, tid in running:
                 st = utility.get_bulk_insert_state(tid, using=alias)
-                if st.state_name == "Failed":
+                if st.state_name.startswith("Failed"):
                     raise RuntimeError(f"bulk import task {tid} failed: {st.infos.get('failed_reason')}")
                 if st.state_name == "Completed":
-                    imported += int(st.row_count)
+                    imported[s] += int(st.row_count)
                 else:
-                    still.append(tid)
-            pending = still
-            if pending:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"bulk import tasks {pending} not done after {timeout_s}s")
-                time.sleep(1.0)
+                    still.append((s, tid))
+            if len(still) == len(running) and still:
+                nap = min(nap * 2, 1.0)  # poll fast while tasks finish, back off to 1 s while one runs long
+                _wait(deadline, nap, f"bulk import tasks {[t for _, t in still]} not done after {timeout_s}s")
+            else:
+                nap = 0.05
+            running = still
     finally:
         connections.disconnect(alias)
-    for s in files_by_shard:  # imported segments become searchable once the collection is reloaded
-        client = index.cl(s)
-        client.release_collection(index.names[s])
-        client.load_collection(index.names[s])
-    return imported
+    import_s = time.monotonic() - t0
+    shards = sorted(files_by_shard)
+    # Imported segments are searched once indexed and loaded: wait for the build, then a refreshing load of every
+    # collection at once (each keeps serving while its new segments load; 4.5 s for 100k rows where release +
+    # load took 5.4-6.4 s), then until reads see every imported row (count(*) at Strong consistency).
+    for s in shards:
+        index.wait_indexed(s, imported[s], deadline)
+    indexed_s = time.monotonic() - t0
+    for s in shards:
+        index.cl(s).load_collection(index.names[s], refresh=True, _async=True)
+    for s in shards:
+        while index.count_of(s, "Strong") < imported[s]:
+            _wait(deadline, 0.2, f"{index.names[s]}: imported rows not all visible after {timeout_s}s")
+    return BulkImport(
+        sum(imported.values()),
+        sum(len(f) for f in files_by_shard.values()),
+        import_s,
+        indexed_s,
+        time.monotonic() - t0,
+    )
+
+
+def _wait(deadline: float, nap: float, what: str) -> None:
+    import time
+
+    if time.monotonic() > deadline:
+        raise TimeoutError(what)
+    time.sleep(nap)

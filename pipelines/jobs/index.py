@@ -11,10 +11,12 @@ Resumable twice over: a shard file whose crops were all written gets a ``<state_
 already in the index are skipped before embedding (the expensive step) — which also keeps their stored
 quality scores. Upserts are keyed by sha256, so even a full re-run changes nothing.
 
-Bulk path (``bulk_dir``, a first load into empty collections on a Milvus server): instead of upserting, each
-embedded batch is staged as Milvus bulk-import parquet files in ``bulk_dir`` (``s03-<batch id>-00000.parquet``,
-moved in whole, so a crash never leaves a half-written file); after the pipeline the driver drops crops staged
-twice and imports every staged file with ``retrieval.index.bulk_import``. Import has insert semantics, so it is
+Bulk path (``bulk_dir``, a first load into empty collections on a Milvus server): instead of upserting, the
+writer stage appends each embedded batch to its bundle's Milvus bulk-import parquet files in ``bulk_dir``
+(``retrieval.index.BulkWriter``: one file per shard per bundle, ``s03-<writer id>-00000.parquet``, moved in whole
+when the bundle finishes, so a crash never leaves a half-written file and a done marker never precedes its
+rows); after the pipeline the driver drops crops staged twice and imports every staged file with
+``retrieval.index.bulk_import`` (which returns once the rows are indexed and searchable). Import has insert semantics, so it is
 refused unless every collection is empty, and Milvus Lite (no import service) is refused before any work.
 Done markers then mean "staged" and live in ``<bulk_dir>/.index_state``; a re-run after a crash skips crops
 already staged and imports old and new files together.
@@ -29,8 +31,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -45,10 +45,10 @@ from formats.manifest import Manifest
 from formats.shards import file_sha256, list_shards, relative_name, shards_dir
 from pipelines.jobs.index_config import IndexJobConfig
 from retrieval.crops import CropItem, iter_crops
-from retrieval.index import IndexRow, ShardedIndex, bulk_import, write_bulk_files
+from retrieval.index import BulkWriter, IndexRow, ShardedIndex, bulk_import
 
 NAMESPACE = "scifolio.index"
-# A staged bulk file: shard, batch id (one per embedded batch), part (write_bulk_files' rows_per_file split).
+# A staged bulk file: shard, writer id (one per bundle), part (BulkWriter's rows_per_file split).
 STAGED_RE = re.compile(r"^s(\d{2,})-([0-9a-f]{32})-(\d{5})\.parquet$")
 LAYOUT_FILE = "layout.json"
 
@@ -118,16 +118,10 @@ def staged_ids(bulk_dir: str | os.PathLike) -> set[str]:
 
 
 def stage_batch(rows: Sequence[IndexRow], bulk_dir: str, n_shards: int) -> int:
-    """Write one batch as bulk files (per shard) under a fresh batch id: written into a private temp directory,
-    then each file is renamed into ``bulk_dir`` in one step. Returns rows staged."""
-    batch = uuid.uuid4().hex
-    tmp = Path(bulk_dir) / f".tmp-{batch}"
-    files = write_bulk_files(rows, str(tmp), n_shards)
-    for shard, paths in files.items():
-        for part, path in enumerate(paths):
-            fs.commit(path, Path(bulk_dir) / f"s{shard:02d}-{batch}-{part:05d}.parquet")
-    shutil.rmtree(tmp, ignore_errors=True)
-    return len({r.sha256 for r in rows})  # write_bulk_files folds repeats, as upsert does
+    """Stage one batch as its own bulk files (per shard; each moved in whole). Returns rows staged (repeats
+    inside the batch fold, as upsert does)."""
+    with BulkWriter(bulk_dir, n_shards) as w:
+        return w.add(rows)
 
 
 class _Loaded:
@@ -247,6 +241,15 @@ class WriteRows(_IndexDoFn):
         self.staged = Metrics.counter(NAMESPACE, "crops_staged")
         self.skipped = Metrics.counter(NAMESPACE, "crops_skipped_existing")
 
+    def start_bundle(self) -> None:
+        self.writer: BulkWriter | None = None
+
+    def finish_bundle(self) -> None:
+        # The bundle's (file, 1) outputs reach MarkDone only after this returns: files are in before markers.
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
     def process(self, batch: Sequence[PredictionResult]) -> Iterator[tuple[str, int]]:
         rows = [IndexRow.from_crop(r.example, *r.inference) for r in batch]
         if rows and not getattr(self, "ready", False):
@@ -261,7 +264,9 @@ class WriteRows(_IndexDoFn):
             self.skipped.inc(len(stored))
             rows = [r for r in rows if r.sha256 not in stored]
         if self.cfg.bulk_dir:
-            self.staged.inc(stage_batch(rows, self.cfg.bulk_dir, self.cfg.index.n_shards))
+            if self.writer is None:
+                self.writer = BulkWriter(self.cfg.bulk_dir, self.cfg.index.n_shards)
+            self.staged.inc(self.writer.add(rows))
         elif rows:
             self.written.inc(self.index.upsert(rows))
         for r in batch:
@@ -346,8 +351,8 @@ def prepare_bulk(cfg: IndexJobConfig) -> None:
             raise BulkRefused(f"{root} holds files staged for {have}, this build has {want}; use another --bulk-dir")
     else:
         layout.write_text(json.dumps(want))
-    for tmp in root.glob(".tmp-*"):  # batches a crashed worker never moved in
-        shutil.rmtree(tmp, ignore_errors=True)
+    for tmp in root.glob(".*.tmp"):  # files a crashed worker never moved in
+        tmp.unlink()
 
 
 def dedupe_staged(files: Sequence[Path]) -> int:
@@ -390,7 +395,7 @@ def import_staged(cfg: IndexJobConfig) -> dict[str, int]:
         dim = len(pq.read_table(files[0], columns=["vector"]).column("vector")[0])
         with ShardedIndex(cfg.index) as ix:
             ix.ensure(dim)  # the workers created them, unless nothing was pending this run
-            imported = bulk_import(ix, by_shard, timeout_s=cfg.bulk_timeout_s)
+            imported = bulk_import(ix, by_shard, timeout_s=cfg.bulk_timeout_s).rows
     return {"bulk_files": len(files), "bulk_duplicates_dropped": dropped, "rows_imported": imported}
 
 

@@ -38,7 +38,7 @@ class IndexJobConfig:
     after the pipeline (empty collections on a server only). Must be readable by the Milvus server at the same
     absolute path. None = upsert rows (the default)."""
     bulk_timeout_s: float = 3600.0
-    """How long the driver waits for the bulk import tasks."""
+    """How long the driver waits for the imported rows to be searchable (import tasks, index build, load)."""
 
     @property
     def resolved_state_dir(self) -> str:

@@ -45,6 +45,9 @@ def milvus_server(tmp_path_factory):
     from milvus import default_server
 
     default_server.set_base_dir(str(tmp_path_factory.mktemp("milvus-server")))
+    # Index builds mostly wait on the server's scheduler, not the CPU: run several at once (as
+    # benchmarks/index_scale.py and infra/milvus/values.yaml do; the server's default is 1).
+    default_server.config.set("indexNode.scheduler.buildParallel", 4)
     default_server.start()
     try:
         yield f"http://127.0.0.1:{default_server.listen_port}"

@@ -91,13 +91,55 @@ def test_dedupe_staged_keeps_first_copy(corpus_out, tmp_path):
     bulk = tmp_path / "bulk"
     assert stage_batch(rows[:8], str(bulk), n_shards=2) == 8
     assert stage_batch(rows[5:] + rows[5:7], str(bulk), n_shards=2) == 7  # repeats inside a batch fold
-    assert not list(bulk.glob(".tmp-*"))
+    assert not list(bulk.glob(".*.tmp"))
     files = staged_files(bulk)
     assert all(f.is_absolute() for f in files) and {f.name[:3] for f in files} == {"s00", "s01"}
     assert dedupe_staged(files) == 3  # rows[5:8] were staged twice
     ids = [i for f in staged_files(bulk) for i in pq.read_table(f).column("sha256").to_pylist()]
     assert sorted(ids) == sorted(r.sha256 for r in rows) and staged_ids(bulk) == set(ids)
     assert dedupe_staged(staged_files(bulk)) == 0
+
+
+def test_bulk_writer_stage_writes_one_file_per_shard_per_bundle(corpus_out, tmp_path):
+    """The writer stage on the bulk path: every batch of a bundle goes into one file per shard, and nothing is
+    visible in the staging directory until the bundle finishes (its done markers come after the files)."""
+    import pyarrow.parquet as pq
+    from apache_beam.ml.inference.base import PredictionResult
+    from retrieval_fakes import HashEmbedder
+
+    from formats.shards import list_shards
+    from pipelines.jobs.index import WriteRows, staged_files
+    from retrieval.crops import iter_crops
+    from retrieval.index import IndexConfig
+
+    crops = [c for p in list_shards(corpus_out) for c in iter_crops(p, corpus_out)]
+    vecs = HashEmbedder(8).encode_images([c.png for c in crops])
+    bulk = tmp_path / "bulk"
+    cfg = IndexJobConfig(
+        out=str(corpus_out),
+        index=IndexConfig(str(tmp_path / "i.db"), n_shards=2),
+        embed_model="unused",
+        batch_size=4,
+        bulk_dir=str(bulk),
+    )
+    fn = WriteRows(cfg)
+    fn.setup()
+    try:
+        fn.start_bundle()
+        emitted = []
+        for i in range(0, len(crops), 4):  # three batches
+            batch = [PredictionResult(c, (v, "", "", None)) for c, v in zip(crops[i : i + 4], vecs[i : i + 4])]
+            emitted += list(fn.process(batch))
+            assert staged_files(bulk) == []
+        fn.finish_bundle()
+    finally:
+        fn.teardown()
+    files = staged_files(bulk)
+    assert len(files) == 2 and {f.name[:3] for f in files} == {"s00", "s01"}
+    assert sorted(i for f in files for i in pq.read_table(f).column("sha256").to_pylist()) == sorted(
+        c.sha256 for c in crops
+    )
+    assert len(emitted) == len(crops) and not list(bulk.glob(".*.tmp"))
 
 
 def test_bulk_build_refuses_lite_before_any_work(corpus_out, tiny_models, tmp_path):
@@ -152,10 +194,10 @@ def test_bulk_build_on_server_matches_upsert_build(milvus_server, corpus_out, ti
     )
     emb = LoadedEmbedder.load(STEmbedder(EmbedConfig(clip)))
     crops = [c for p in list_shards(corpus_out) for c in iter_crops(p, corpus_out)]
-    # An earlier bulk attempt that staged two crops and died, leaving a half-moved batch behind.
+    # An earlier bulk attempt that staged two crops and died, leaving a file it never moved in behind.
     pre = [c for c in crops if c.source == "shard-00001-of-00002.parquet"][:2]
     stage_batch([IndexRow.from_crop(c, v) for c, v in zip(pre, emb.encode_images([c.png for c in pre]))], str(bulk), 2)
-    (bulk / f".tmp-{uuid.uuid4().hex}").mkdir()
+    (bulk / f".s00-{uuid.uuid4().hex}-00000.parquet.tmp").write_bytes(b"PAR1 cut short")
     try:
         up = run(up_cfg)
         assert up["crops_written"] == 12
@@ -163,7 +205,7 @@ def test_bulk_build_on_server_matches_upsert_build(milvus_server, corpus_out, ti
         assert out["shard_files_pending"] == 3 and out["crops_read"] == 15 and out["shard_files_done"] == 3
         assert out["crops_skipped_existing"] == 2 and out.get("crops_written", 0) == 0
         assert out["crops_staged"] + 2 - out["bulk_duplicates_dropped"] == out["rows_imported"] == 12
-        assert out["bulk_files"] == len(staged_files(bulk)) and not list(bulk.glob(".tmp-*"))
+        assert out["bulk_files"] == len(staged_files(bulk)) and not list(bulk.glob(".*.tmp"))
         assert sorted((bulk / ".index_state").glob("*.done"))  # markers live with the staged files
 
         with ShardedIndex(up_cfg.index) as ux, ShardedIndex(bulk_cfg.index) as bx:

@@ -101,12 +101,48 @@ def test_bulk_files_roundtrip_and_import(index_config_factory, corpus_out, tmp_p
             with pytest.raises(NotImplementedError, match="Lite"):
                 bulk_import(ix, files)
             return
-        assert bulk_import(ix, files, timeout_s=120) == 12
+        done = bulk_import(ix, files, timeout_s=120)
+        assert done.rows == 12 and done.files == len(tables)
+        assert 0 < done.import_s <= done.indexed_s <= done.searchable_s
         assert ix.ids() == sorted(r.sha256 for r in rows)
         hit = ix.search(np.asarray(rows[5].vector), k=1)[0][0]
         assert hit.sha256 == rows[5].sha256 and hit.source == rows[5].source
         with pytest.raises(ValueError, match="non-empty"):
             bulk_import(ix, files)
+
+
+def test_bulk_writer_rolls_files_in_whole_and_keeps_rows(corpus_out, tmp_path):
+    """Batches appended as they come: a file per shard moves in once it holds rows_per_file rows (row groups of
+    group_rows), the rest at close; vectors and fields come back as written; an aborted writer leaves nothing."""
+    import pyarrow.parquet as pq
+
+    from retrieval.index import BulkWriter
+
+    rows = rows_from(corpus_out, HashEmbedder(16))
+    out = tmp_path / "bulk"
+    with BulkWriter(str(out), n_shards=2, rows_per_file=4, group_rows=3) as w:
+        for i in range(0, 12, 5):
+            assert w.add(rows[i : i + 5] + rows[i : i + 1]) == len(rows[i : i + 5])  # a repeat folds
+        assert sum(len(f) for f in w.files.values()) >= 2  # full files were in before close
+    per_shard = {s: [shard_of(r.sha256, 2) for r in rows].count(s) for s in (0, 1)}
+    assert {s: len(f) for s, f in w.files.items()} == {s: -(-n // 4) for s, n in per_shard.items()}
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.rsplit("/", 1)[1] for f in w.files.values() for p in f)
+    back = {}
+    for shard, files in w.files.items():
+        for f in files:
+            meta = pq.ParquetFile(f).metadata
+            assert meta.num_rows <= 4 and all(meta.row_group(g).num_rows <= 3 for g in range(meta.num_row_groups))
+            for r in pq.read_table(f).to_pylist():
+                assert shard_of(r["sha256"], 2) == shard
+                back[r["sha256"]] = r
+    assert sorted(back) == sorted(r.sha256 for r in rows)
+    for r in rows:
+        got = back[r.sha256]
+        assert np.allclose(got["vector"], r.vector) and (got["doc_id"], got["row"]) == (r.doc_id, r.row)
+    with pytest.raises(RuntimeError), BulkWriter(str(tmp_path / "aborted"), 2) as w:
+        w.add(rows)
+        raise RuntimeError("worker died")
+    assert not list((tmp_path / "aborted").iterdir())
 
 
 def test_text_channels_on_lite_and_a_clear_refusal_on_an_older_server(index_config_factory, corpus_out):
