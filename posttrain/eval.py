@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from formats.chat import TURN_END
-from posttrain.rl.task import prompt_ids  # chat rows through the chat template, as RL and distill feed them
+from posttrain.rl.task import VERIFIERS, prompt_ids  # chat rows through the chat template, as RL and distill feed them
 from posttrain.rollout.types import FINISH_STOP, Request, SamplingParams
 
 Check = Callable[[str, dict[str, Any], bool], bool]
@@ -94,40 +92,13 @@ def register(name: str) -> Callable[[Callable[[TaskOptions], EvalTask]], Callabl
     return deco
 
 
-def exact(completion: str, row: dict[str, Any], stopped: bool) -> bool:
-    """The stripped completion is the answer (a truncated response never passes)."""
-    return stopped and completion.strip() == str(row["answer"]).strip()
-
-
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
-
-
-def numeric(completion: str, row: dict[str, Any], stopped: bool) -> bool:
-    """The last number in the completion equals the answer (relative tolerance 1e-6)."""
-    found = _NUMBER.findall(completion.replace(",", ""))
-    if not stopped or not found:
-        return False
-    return math.isclose(float(found[-1]), float(row["answer"]), rel_tol=1e-6, abs_tol=1e-9)
-
-
-def math_verify(completion: str, row: dict[str, Any], stopped: bool) -> bool:
-    """``math-verify``: the LaTeX/expression answer in the completion is mathematically the reference.
-
-    Its timeouts are SIGALRM, which only the main thread may set: elsewhere they are switched off."""
-    from math_verify import parse, verify
-
-    main = threading.current_thread() is threading.main_thread()
-    timeout = {} if main else {"parsing_timeout": None}
-    gold = parse(_as_latex(str(row["answer"])), **timeout)
-    pred = parse(completion, **timeout)
-    return bool(stopped and gold and pred and verify(gold, pred, **({} if main else {"timeout_seconds": None})))
-
-
-def _as_latex(answer: str) -> str:
-    return answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
-
-
-VERIFIERS: dict[str, Check] = {"exact": exact, "numeric": numeric, "math-verify": math_verify}
+def check_of(verifier: str) -> Check:
+    """A pass/fail check from the one verifier registry (``posttrain.rl.task.VERIFIERS``, RL's rewards): a sample
+    passes at full reward."""
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r} (choose from {', '.join(VERIFIERS)})")
+    verify = VERIFIERS[verifier]
+    return lambda completion, row, stopped: verify(completion, row, stopped) >= 1.0
 
 
 @register("countdown")
@@ -135,7 +106,7 @@ def countdown_task(opts: TaskOptions) -> EvalTask:
     """The RL debug family (``posttrain/rl/task.py``): ``"n:"`` → digits n−1 … 0, exact match."""
     from posttrain.rl.task import countdown_rows
 
-    return EvalTask(countdown_rows(opts.problems, seed=opts.seed), exact, opts.max_new_tokens or 16)
+    return EvalTask(countdown_rows(opts.problems, seed=opts.seed), check_of("exact"), opts.max_new_tokens or 16)
 
 
 @register("jsonl")
@@ -143,12 +114,11 @@ def jsonl_task(opts: TaskOptions) -> EvalTask:
     """Rows ``{"id", "prompt" | "messages", "answer"}`` from ``--data``, checked by ``--verifier``."""
     if not opts.data:
         raise ValueError("--task jsonl needs --data FILE.jsonl")
-    if opts.verifier not in VERIFIERS:
-        raise ValueError(f"unknown verifier {opts.verifier!r} (choose from {', '.join(VERIFIERS)})")
+    check = check_of(opts.verifier)
     rows = [json.loads(line) for line in Path(opts.data).read_text().splitlines() if line.strip()]
     for i, r in enumerate(rows):
         r.setdefault("id", str(i))
-    return EvalTask(rows, VERIFIERS[opts.verifier], opts.max_new_tokens or 256)
+    return EvalTask(rows, check, opts.max_new_tokens or 256)
 
 
 @register("lemma-chain")

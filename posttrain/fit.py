@@ -45,6 +45,13 @@ def lr_factor(step: int, total: int, kind: str = "constant", min_ratio: float = 
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def schedule(
+    optimizer: torch.optim.Optimizer, total: int, kind: str = "constant", min_ratio: float = 0.0, warmup: int = 0
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """``optimizer``'s learning rate on ``lr_factor`` (stepped once per optimizer step)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, kind, min_ratio, warmup))
+
+
 def masked_ce(model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
     """Mean next-token cross-entropy over the positions ``batch["loss_mask"]`` marks (rows weighted by
     ``batch["weight"]`` when given)."""

@@ -370,14 +370,6 @@ def deepspeed_config(cfg: SFTConfig, world: int) -> dict[str, Any]:
     }
 
 
-def lr_factor(cfg: SFTConfig, step: int) -> float:
-    """Multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): linear warmup, then linear decay
-    (``posttrain.fit.lr_factor``)."""
-    from posttrain.fit import lr_factor as schedule
-
-    return schedule(step, cfg.steps, "linear", cfg.min_lr_ratio, cfg.warmup_steps)
-
-
 def train(
     cfg: SFTConfig,
     out: str | Path,
@@ -393,6 +385,7 @@ def train(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from formats.rundir import RunDir
+    from posttrain.fit import schedule as lr_schedule
 
     rank, world = setup()
     run = RunDir(out, resume=resume, tensorboard=cfg.tensorboard, rank=rank, checkpoint="ckpt/latest")
@@ -409,7 +402,7 @@ def train(
     model.config.use_cache = False
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
+    schedule = lr_schedule(optimizer, cfg.steps, "linear", cfg.min_lr_ratio, cfg.warmup_steps)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=schedule,
         config=deepspeed_config(cfg, world),
@@ -466,9 +459,7 @@ def _save_policy(engine: Any, tokenizer: Any, path: Path, stage: int, rank: int)
         if rank == 0:
             module.config.use_cache = True
             module.save_pretrained(path)
-            tokenizer.save_pretrained(path)
-            if getattr(module, "generation_config", None) is not None:
-                module.generation_config.save_pretrained(path)
+            tokenizer.save_pretrained(path)  # save_pretrained writes the generation config too
 
 
 def _report_skipped(run: Path, skipped: list[dict[str, Any]], kept: int) -> None:

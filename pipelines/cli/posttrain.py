@@ -39,8 +39,11 @@ RL_SMALL = (
     "name already cached; nothing is downloaded offline) on posttrain/data/rl/train.jsonl, which ships with the "
     "project (512 generated arithmetic chats with exact integer answers; test.jsonl beside it for scifolio eval; "
     "python -m posttrain.rl.task --write DIR regenerates them). A real run needs a chat model with its tokenizer and "
-    "chat template, rows {id, prompt|messages, answer} in task.jsonl with a fitting task.verifier (exact|prefix), and "
-    "for 500 steps of 1024-token rollouts a GPU (engine.kind=vllm)."
+    "chat template, rows {id, prompt|messages, answer} in task.jsonl with a fitting task.verifier (exact|prefix|numeric|"
+    "math-verify), and for 500 steps of 1024-token rollouts a GPU (engine.kind=vllm). --config smol: "
+    "SmolLM2-135M-Instruct at policy.path (default real/lm: scifolio models real real/ writes it) learning "
+    "one-operation arithmetic (posttrain/data/smol) on 2 CPU cores in 16 steps (DAPO on), rewarded by the numeric verifier "
+    "that scifolio eval --verifier numeric measures with (python benchmarks/rl_smol.py --model real/lm: 3 seeds)."
 )
 DISTILL_RECIPES = (
     "--config debug: toy teachers, student and prompts built on the spot; takes no paths. "
@@ -65,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rl.epilog = RL_SMALL
     add_recipe_args(
         rl,
-        "posttrain/rl/recipes.py: debug, debug-moe, small",
+        "posttrain/rl/recipes.py: debug, debug-moe, small, smol",
         "run directory (metrics.jsonl, tb/, checkpoint/, policy/)",
         "steps=10, scheduler.partial=false, learner.lr=1e-3, policy.arch=qwen2_moe, engine.kind=hf",
         resume="continue from DIR/checkpoint (in-flight rollouts included)",
@@ -231,6 +234,9 @@ def run_rl(args: argparse.Namespace) -> int:
 
     try:
         rows = run(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+    except EngineRefused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except Starved as e:
         print(f"\nerror: posttrain rl stopped, {e}", file=sys.stderr)
         return 3

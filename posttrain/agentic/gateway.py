@@ -365,15 +365,13 @@ def build_app(gateway: Gateway):
 
 def load_model_gateway(model: str, config: GatewayConfig = GatewayConfig(), capacity: int = 16) -> Gateway:
     """A gateway over ``HFEngine`` for a Hugging Face name or local dir (tokenizer with a chat template)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from posttrain.rl.engines import PolicyConfig, build_policy
     from posttrain.rollout.engines.hf import HFEngine
 
-    tok = AutoTokenizer.from_pretrained(model)
+    lm, tok = build_policy(PolicyConfig(path=model))  # the one policy loader
     if not tok.chat_template:
         raise ValueError(f"{model}: the tokenizer has no chat template; the gateway cannot render conversations")
-    lm = AutoModelForCausalLM.from_pretrained(model)
-    return Gateway(HFEngine(lm, capacity=capacity), tok, config)
+    return Gateway(HFEngine(lm.eval(), capacity=capacity), tok, config)
 
 
 def serve_gateway(

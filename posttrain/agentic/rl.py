@@ -17,12 +17,13 @@ from __future__ import annotations
 import functools
 import json
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from formats.records import Dropped
 from posttrain import toolcall
 from posttrain.agentic.jail import SandboxConfig
 from posttrain.agentic.tasks import INFRA, HarnessRun, SimpleHarness, Task, coding_tasks, verify
@@ -30,11 +31,10 @@ from posttrain.agentic.traces import TraceStore
 from posttrain.objectives.advantages import loo_advantages
 from posttrain.objectives.credit import Step, annotate, segment_advantages
 from posttrain.rl import engines
-from posttrain.rl.engines import R3_KEYS, EngineConfig, PolicyConfig, config_is_moe
+from posttrain.rl.engines import EngineConfig, PolicyConfig, config_is_moe
+from posttrain.rl.loop import Stage, run_stage
+from posttrain.rollout.scheduler import Batch
 from posttrain.rollout.types import Request
-
-if TYPE_CHECKING:
-    from posttrain.rollout.scheduler import Batch
 
 
 # -- credit on stored spans ----------------------------------------------------------------------------
@@ -170,7 +170,7 @@ RECIPES = {"debug": debug}
 """Named configs for ``scifolio posttrain agentic --config NAME``."""
 
 
-class AgenticStage:
+class AgenticStage(Stage):
     """``posttrain agentic`` as a stage of the one driver (``posttrain.rl.loop.run_stage``): per step, one group of
     harness sessions per task through the gateway (the rollout workflow), graded by the task's verifier, credited by
     Eq 30 on the trace store's token spans, one ``Learner.update``. Sessions are named ``TASK-vSTEP.rRESUME:ROLLOUT``:
@@ -211,17 +211,9 @@ class AgenticStage:
         self.tools = {"write_file", "read_file", "run_tests"}
         self.step_index, self.attempt = 0, 0
 
-    def config(self) -> dict[str, Any]:
-        return asdict(self.cfg)
-
-    def warmup(self) -> None:
-        return None
-
     def collect(self) -> Batch:
-        from posttrain.rollout.scheduler import Batch
-
         cfg, step = self.cfg, self.step_index
-        groups, rewards_all, infra, unjailed, advs = [], [], 0, 0, {}
+        groups, rewards_all, unjailed, advs, dropped = [], [], 0, {}, []
         for task in self.tasks:
             sessions, rewards, weights = [], [], []
             for r in range(cfg.group_size):
@@ -233,13 +225,14 @@ class AgenticStage:
                     run = harness.run(task.objective, work)
                     verdict = verify(task, work, sandbox=cfg.sandbox)
                 unjailed += not verdict.jailed
-                if verdict.status == INFRA or sid not in self.store.session_calls:
-                    infra += 1
+                if verdict.status == INFRA or sid not in self.store.session_calls:  # never a 0 reward
+                    dropped.append(Dropped(sid, self.name, "infra", {"task": task.task_id}))
                     continue
                 sessions.append(sid)
                 rewards.append(float(verdict.reward))
                 weights.append(annotate(session_steps(self.store, sid, run, self.tools), self.tools))
-            if len(sessions) < 2:
+            if len(sessions) < 2:  # no leave-one-out baseline
+                dropped += [Dropped(s, self.name, "group_too_small", {"task": task.task_id}) for s in sessions]
                 continue
             a = loo_advantages(torch.tensor([rewards]))[0].tolist()
             for s, adv in zip(sessions, session_credit(self.store, sessions, a, weights)):
@@ -248,9 +241,10 @@ class AgenticStage:
             rewards_all += rewards
         self.step_index += 1
         # unjailed: sessions graded outside the jail (sandbox.allow_unjailed), said per step
+        infra = sum(d.reason == "infra" for d in dropped)
         stats = {"reward_mean": sum(rewards_all) / max(len(rewards_all), 1), "infra": infra, "unjailed": unjailed}
         credit = [advs[t.request_id] for g in groups for t in g]  # Eq 30 per token of each session's trajectory
-        return Batch(groups=groups, version=self.learner.version, stats=stats, advantages=credit)
+        return Batch(groups, self.learner.version, stats, dropped, advantages=credit)
 
     def train(self, batch: Batch) -> dict[str, Any]:
         trajs = [t for g in batch.groups for t in g]
@@ -259,13 +253,7 @@ class AgenticStage:
         m = self.learner.train(batch)  # Learner.update on the batch's per-token credit
         # On-policy check: before the update, the learner's logprobs of the stored response tokens against the
         # behaviour logprobs the gateway captured (≈ 0 when the engine served this model; large for a scripted agent).
-        return {
-            "loss": m["loss"],
-            "clip_fraction": m["clip_fraction"],
-            "kept": m["kept_tokens"],
-            "max_behaviour_logprob_gap": m["mismatch_abs_max"],
-            **{k: m[k] for k in ("bkl_masked_fraction", *R3_KEYS) if k in m},
-        }
+        return {**m, "kept": m["kept_tokens"], "max_behaviour_logprob_gap": m["mismatch_abs_max"]}
 
     def sync(self) -> None:
         if self.cfg.engine.kind != "scripted":  # the scripted agent has no weights; the policy serves the learner's
@@ -291,8 +279,6 @@ def run_agentic(config: AgenticConfig, out: str | Path, resume: bool = False, pr
     """What ``scifolio posttrain agentic --config debug --out DIR`` runs: the one driver over an ``AgenticStage``.
     Writes ``traces.sqlite``, ``metrics.jsonl``, ``checkpoint/`` and ``policy/`` under ``out``; returns the last
     step's metrics with the trace store's token counts."""
-    from posttrain.rl.loop import run_stage
-
     stage = AgenticStage(config, out)
     rows = run_stage(stage, out, resume=resume, progress=progress)
     metrics = dict(rows[-1]) if rows else {}

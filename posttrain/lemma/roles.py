@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from posttrain.rollout.engine import RolloutEngine
+from posttrain.rollout.engine import RolloutEngine, run_all
 from posttrain.rollout.types import Request, SamplingParams
 
 ROLES = ("reasoner", "summariser", "reviser", "verifier")
@@ -185,18 +185,8 @@ class RoleCaller:
                 return_routed_experts=self.routes,
             )
             reqs.append(Request(rid, self._ids(self.render(p)), params, group_id=p.problem_id, meta={"role": p.role}))
-        self.engine.submit(reqs)
-        done: dict[str, Any] = {}
-        steps = 0
-        while len(done) < len(reqs):
-            for t in self.engine.step().finished:
-                done[t.request_id] = t
-            steps += 1
-            if steps > self.max_steps:
-                raise RuntimeError(f"engine did not finish {len(reqs) - len(done)} requests in {steps} steps")
         out = []
-        for p, r in zip(prompts, reqs):
-            t = done[r.request_id]
+        for p, r, t in zip(prompts, reqs, run_all(self.engine, reqs, self.max_steps)):
             stop = set(self.codec.stop_ids)
             gen = t.token_ids[:-1] if t.token_ids and t.token_ids[-1] in stop else t.token_ids
             call = Call(

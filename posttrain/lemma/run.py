@@ -20,9 +20,9 @@ from typing import Any
 
 from posttrain.lemma.agent import AgentConfig, LemmaAgent, Trace
 from posttrain.lemma.credit import trace_credit
-from posttrain.lemma.roles import HFCodec, RoleCaller, char_codec
+from posttrain.lemma.roles import RoleCaller
 from posttrain.lemma.statements import answers_match
-from posttrain.lemma.verifiers import FormalVerifier, LemmaVerifier, ModelVerifier, NoisyVerifier
+from posttrain.lemma.verifiers import make_verifier
 
 
 @dataclass(frozen=True)
@@ -45,40 +45,20 @@ def build_caller(cfg: SolveConfig) -> RoleCaller:
         from posttrain.lemma.scripted import scripted_caller
 
         return scripted_caller(p_correct=cfg.p_correct, seed=cfg.seed)
+    from posttrain.lemma.train import build_policy
+    from posttrain.rl.engines import PolicyConfig
     from posttrain.rollout.engines.hf import HFEngine
 
-    if cfg.model == "tiny":
-        import torch
-
-        from posttrain.tiny.lm import causal_lm
-
-        codec = char_codec()
-        torch.manual_seed(cfg.seed)
-        model = causal_lm(len(codec.tokenizer), 64, max_position_embeddings=4096)
-        cap = cfg.max_prompt_tokens or 1024
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        codec = HFCodec(AutoTokenizer.from_pretrained(cfg.model, local_files_only=True))
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, local_files_only=True)
-        cap = cfg.max_prompt_tokens
+    tiny = cfg.model == "tiny"  # a random 2-layer Qwen2 over the character codec
+    model, codec = build_policy(PolicyConfig(path=None if tiny else cfg.model, seed=cfg.seed), 4096)
+    cap = cfg.max_prompt_tokens or (1024 if tiny else None)
     return RoleCaller(HFEngine(model, capacity=64), codec, cfg.temperature, cfg.seed, cap)
-
-
-def build_verifier(cfg: SolveConfig, caller: RoleCaller) -> LemmaVerifier:
-    if cfg.verifier == "formal":
-        return FormalVerifier()
-    if cfg.verifier == "noisy":
-        return NoisyVerifier(seed=cfg.seed)
-    if cfg.verifier == "model":
-        return ModelVerifier(caller)
-    raise ValueError(f"unknown verifier {cfg.verifier!r} (formal, noisy, model)")
 
 
 def solve(cfg: SolveConfig, rows: list[dict[str, Any]]) -> tuple[list[Trace], list[dict[str, Any]]]:
     """Run the agent on ``rows``; returns the traces and, per problem, the JSON record (trace + credit + solved)."""
     caller = build_caller(cfg)
-    traces = LemmaAgent(caller, build_verifier(cfg, caller), cfg.agent).solve(rows)
+    traces = LemmaAgent(caller, make_verifier(cfg.verifier, caller, cfg.seed), cfg.agent).solve(rows)
     records = []
     for t in traces:
         credit = trace_credit(t, cfg.reward)

@@ -23,11 +23,12 @@ from __future__ import annotations
 import copy
 import functools
 import random
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from formats.records import Dropped
 from posttrain.fit import FitConfig, fit
 from posttrain.lemma.agent import AgentConfig, LemmaAgent, Trace
 from posttrain.lemma.bc import BCExample, collate, examples_from_traces, solved
@@ -35,10 +36,11 @@ from posttrain.lemma.credit import batch_metrics
 from posttrain.lemma.hier import hierarchical_batch
 from posttrain.lemma.roles import ROLE_INSTRUCTIONS, ROLE_INSTRUCTIONS_SHORT, HFCodec, RoleCaller, char_codec
 from posttrain.lemma.tasks import make_rows
-from posttrain.lemma.verifiers import FormalVerifier, LemmaVerifier, ModelVerifier, NoisyVerifier
+from posttrain.lemma.verifiers import NoisyVerifier, make_verifier
 from posttrain.rl import engines
-from posttrain.rl.engines import R3_KEYS, EngineConfig, PolicyConfig
+from posttrain.rl.engines import EngineConfig, PolicyConfig
 from posttrain.rl.learner import Learner, LearnerConfig
+from posttrain.rl.loop import Stage, run_stage
 from posttrain.rollout.scheduler import Batch
 
 
@@ -209,17 +211,15 @@ resolve = functools.partial(engines.resolve, kinds=("hf",), stage="posttrain lem
 """The engine section checked (``engines.resolve``: the kinds lemma train runs on, R3 for MoE)."""
 
 
-def build_policy(cfg: LemmaTrainConfig) -> tuple[torch.nn.Module, HFCodec]:
-    """The policy (``engines.build_policy``) and its codec: the character codec for the tiny policy."""
-    if cfg.policy.path == "":
+def build_policy(policy: PolicyConfig, max_positions: int) -> tuple[torch.nn.Module, HFCodec]:
+    """The policy (``engines.build_policy``) and its codec: the character codec for the tiny policy (positions up to
+    ``max_positions``)."""
+    if policy.path == "":
         raise ValueError("this recipe needs a policy: --set policy.path=DIR (a local Hugging Face model directory)")
-    if cfg.policy.path is None:
-        codec = char_codec()
-        return engines.build_policy(cfg.policy, tokenizer=codec.tokenizer, max_position_embeddings=cfg.max_tokens + 8)[
-            0
-        ], codec
-    model, tok = engines.build_policy(cfg.policy)
-    return model.eval(), HFCodec(tok)
+    codec = char_codec() if policy.path is None else None
+    tok = None if codec is None else codec.tokenizer
+    model, tok = engines.build_policy(policy, tokenizer=tok, max_position_embeddings=max_positions)
+    return model.eval(), codec or HFCodec(tok)
 
 
 def _instructions(cfg: LemmaTrainConfig) -> dict[str, str]:
@@ -233,7 +233,7 @@ def _prompt_cap(cfg: LemmaTrainConfig) -> int:
     return max(64, cfg.max_tokens - max(a.reasoner_tokens, a.summariser_tokens, a.reviser_tokens))
 
 
-class LemmaStage:
+class LemmaStage(Stage):
     """``posttrain lemma train`` as a stage of the one driver."""
 
     name = "posttrain lemma"
@@ -245,29 +245,16 @@ class LemmaStage:
         self.cfg, self.steps = cfg, cfg.steps
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
-        model, self.codec = build_policy(cfg)
+        model, self.codec = build_policy(cfg.policy, cfg.max_tokens + 8)
         self.tokenizer = self.codec.tokenizer
         self.learner = Learner(model, cfg.learner, cfg.temperature, 1.0, total_versions=cfg.steps)
         self.engine = engines.start_engine(cfg, self.learner.weights(), 0, cfg.engine_capacity, model)
         self.caller = RoleCaller(self.engine, self.codec, cfg.temperature, cfg.seed, _prompt_cap(cfg))
         self.caller.routes = engines.config_is_moe(model.config)  # R3: routes recorded, replayed by the learner
         self.caller.instructions = _instructions(cfg)
-        self.verifier = self._verifier()
+        self.verifier = make_verifier(cfg.verifier, self.caller, cfg.seed, cfg.precision, cfg.recall)
         self.rows = cfg.task.rows()
         self.step_index = 0
-
-    def _verifier(self) -> LemmaVerifier:
-        c = self.cfg
-        if c.verifier == "noisy":
-            return NoisyVerifier(c.precision, c.recall, seed=c.seed)
-        if c.verifier == "formal":
-            return FormalVerifier()
-        if c.verifier == "model":
-            return ModelVerifier(self.caller)
-        raise ValueError(f"verifier={c.verifier!r}: noisy | formal | model")
-
-    def config(self) -> dict[str, Any]:
-        return asdict(self.cfg)
 
     # -- cold start ---------------------------------------------------------------------------------------
     def bc_examples(self) -> tuple[list[BCExample], list[Trace]]:
@@ -357,36 +344,14 @@ class LemmaStage:
         self.step_index += 1
         credit = {t.request_id: adv[i, : t.n_tokens].tolist() for i, t in enumerate(trajs)}  # round advantages
         ordered = [t for g in by_q.values() for t in g]
-        return Batch(
-            list(by_q.values()), self.learner.version, stats, advantages=[credit[t.request_id] for t in ordered]
-        )
+        dropped = [Dropped(q["id"], self.name, "saturated") for b, q in enumerate(qs) if b not in kept]  # pass rate 0/1
+        return Batch(list(by_q.values()), self.learner.version, stats, dropped, [credit[t.request_id] for t in ordered])
 
     def train(self, batch: Batch) -> dict[str, Any]:
         if not batch.groups:  # every question saturated: no gradient this step (the version still advances)
             self.learner.version += 1
             return {"loss": 0.0, "skipped_update": 1}
         return {**self.learner.train(batch), "skipped_update": 0}
-
-    def sync(self) -> None:
-        self.engine.update_weights(self.learner.weights(), self.learner.version)
-
-    def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
-        keys = (
-            "loss",
-            "clip_fraction",
-            "kl",
-            "lr",
-            "bkl_masked_fraction",
-            "mismatch_abs_mean",
-            "kept_tokens",
-            *R3_KEYS,
-        )
-        return {
-            "version": self.learner.version,
-            **batch.stats,
-            **{k: metrics[k] for k in keys if k in metrics},
-            "skipped_update": metrics.get("skipped_update", 0),
-        }
 
     def state_dict(self) -> dict[str, Any]:
         ref = self.learner.reference
@@ -406,14 +371,9 @@ class LemmaStage:
             self.verifier._seen.update(state["verifier_seen"])
         self.sync()
 
-    def close(self) -> None:
-        engines.stop_engine(self.cfg)
-
 
 def run(cfg: LemmaTrainConfig, out: str, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
     """The driver over a ``LemmaStage``; rows as ``run_stage`` returns them (step 0, the cold start, in the file)."""
-    from posttrain.rl.loop import run_stage
-
     return run_stage(LemmaStage(cfg), out, resume=resume, progress=progress)
 
 

@@ -159,3 +159,17 @@ class ModelVerifier:
                 reasons.append(f"{verdict}: {why[-1].strip()[:200]}" if why else verdict)
             out.append(Verdict(passes, reasons))
         return out
+
+
+def make_verifier(
+    name: str, caller: Any, seed: int = 0, precision: float = 0.931, recall: float = 0.818
+) -> LemmaVerifier:
+    """``formal``, ``noisy`` (``precision`` / ``recall`` simulated over the formal checker, seeded) or ``model``
+    (``caller``, a ``RoleCaller``, in the verifier role)."""
+    if name == "formal":
+        return FormalVerifier()
+    if name == "noisy":
+        return NoisyVerifier(precision=precision, recall=recall, seed=seed)
+    if name == "model":
+        return ModelVerifier(caller)
+    raise ValueError(f"verifier={name!r}: formal | noisy | model")

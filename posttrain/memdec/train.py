@@ -12,18 +12,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.optim.lr_scheduler import LambdaLR
 
 from formats.rundir import CHECKPOINT, RunDir
-from posttrain.fit import FitConfig, fit, lr_factor
+from posttrain.fit import FitConfig, fit, schedule
 from posttrain.memdec.data import Batch, Example, batches, collate, forward, gold, shifted
 from posttrain.objectives.memory_decoder import Router, RouterConfig, router_loss, sparse_memory_loss
 
 Progress = Callable[[int, float], None] | None  # (step, loss)
-
-
-def _cosine(steps: int, floor: float = 0.1) -> Callable[[int], float]:
-    return lambda s: lr_factor(s, steps, "cosine", floor)
 
 
 def new_lm(vocab_size: int, hidden: int, seed: int, pad_id: int):
@@ -47,9 +42,8 @@ def train_base(
     parts = (collate(part, pad_id) for _, part in zip(range(steps), batches(examples, batch, seed)))
     losses: list[float] = []
     tick = None if progress is None else (lambda _, loss: losses.append(loss) or progress(len(losses), loss))
-    fit(
-        model, parts, lm_loss, FitConfig(grad_clip=1.0), [opt], schedulers=[LambdaLR(opt, _cosine(steps))], on_step=tick
-    )
+    sched = schedule(opt, steps, "cosine", 0.1)
+    fit(model, parts, lm_loss, FitConfig(grad_clip=1.0), [opt], schedulers=[sched], on_step=tick)
     return model
 
 
@@ -111,7 +105,7 @@ def train_memory(
     run = RunDir(out_dir, resume=resume)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(steps))
+    sched = schedule(opt, steps, "cosine", 0.1)
 
     def save(step: int) -> None:
         state = {"step": step, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
@@ -191,7 +185,7 @@ def train_router(
     torch.manual_seed(seed)
     router = Router(RouterConfig(base.config.hidden_size, memory.config.hidden_size, width=width))
     opt = torch.optim.Adam(router.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(steps))
+    sched = schedule(opt, steps, "cosine", 0.1)
     half = max(1, batch // 2)
     dom, gen = batches(domain, half, seed), batches(general, half, seed + 1)
     mixes = (next(dom) + next(gen) for _ in range(steps))

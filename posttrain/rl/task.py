@@ -21,7 +21,10 @@ by ``python -m posttrain.rl.task --write posttrain/data/rl`` (deterministic: the
 from __future__ import annotations
 
 import json
+import math
 import random
+import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +104,64 @@ def write_small_data(out: str | Path, n_train: int = 512, n_test: int = 128) -> 
     return paths
 
 
+SMOL_DATA = SMALL_DATA.parent / "smol"
+"""The ``smol`` recipe's task files (package data): ``train.jsonl`` (RL), ``test.jsonl`` (the same phrasing, problems
+never in train) and ``test-phrasings.jsonl`` (other wordings, larger operands)."""
+_SMOL_ASK = "What is {a} {o} {b}? Reply with the integer only."
+_SMOL_PHRASINGS = (
+    "Compute {a} {o} {b}.",
+    "Calculate {a} {o} {b}. Give just the number.",
+    "Find the value of {a} {o} {b}.",
+    "{a} {o} {b} equals what number? Answer with a single integer.",
+    "Work out {a} {o} {b}.",
+    "What do you get from {a} {o} {b}? Only the result, please.",
+)
+
+
+def smol_rows(n_rows: int, split: str, seen: set[tuple[int, str, int]] | None = None) -> list[dict[str, Any]]:
+    """``n_rows`` one-operation integer problems a 135M instruct model partly solves (the ``smol`` recipe).
+
+    ``train`` and ``test``: "What is a op b? Reply with the integer only." with operands 1–20; ``phrasings``: six
+    other wordings, operands 1–40. Answers are exact integers, checked by ``numeric``. ``seen``: problems
+    ``(a, op, b)`` not to draw; this call's are added to it (pass train's set to ``test`` to keep them apart)."""
+    rng = random.Random(f"smol/{split}")
+    top, rows = (40 if split == "phrasings" else 20), []
+    seen = set() if seen is None else seen
+    while len(rows) < n_rows:
+        a, b, o = rng.randint(1, top), rng.randint(1, top), rng.choice("+-+-*")
+        if o == "*" and a * b > 200 or (a, o, b) in seen:
+            continue
+        seen.add((a, o, b))
+        answer = a + b if o == "+" else a - b if o == "-" else a * b
+        sym = "×" if o == "*" and split == "phrasings" else o
+        q = rng.choice(_SMOL_PHRASINGS) if split == "phrasings" else _SMOL_ASK
+        content = q.format(a=a, o=sym, b=b)
+        rows.append(
+            {
+                "id": f"smol-{split}-{len(rows)}",
+                "messages": [{"role": "user", "content": content}],
+                "answer": str(answer),
+            }
+        )
+    return rows
+
+
+def write_smol_data(out: str | Path, n_train: int = 256, n_test: int = 64) -> list[Path]:
+    """``out/{train,test,test-phrasings}.jsonl``: the ``smol`` recipe's sets (``smol_rows``; test disjoint from
+    train)."""
+    from formats.fs import write_text
+
+    drawn: set[tuple[int, str, int]] = set()
+    train = smol_rows(n_train, "train", drawn)
+    sets = {"train": train, "test": smol_rows(n_test, "test", drawn), "test-phrasings": smol_rows(n_test, "phrasings")}
+    paths = []
+    for name, rows in sets.items():
+        path = Path(out) / f"{name}.jsonl"
+        write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+        paths.append(path)
+    return paths
+
+
 def prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:
     """A chat row goes through the tokenizer's chat template (generation prompt added, rendered as text then tokenised
     without specials: the ids SFT trained the context on); a plain prompt is ``bos + prompt``."""
@@ -128,7 +189,40 @@ def exact_match(completion: str, row: dict[str, Any], stopped: bool) -> float:
     return float(stopped and completion.strip() == str(row["answer"]).strip())
 
 
-VERIFIERS: dict[str, Verifier] = {"prefix": prefix_credit, "exact": exact_match}
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def numeric(completion: str, row: dict[str, Any], stopped: bool) -> float:
+    """1 iff the response ended and its last number equals the answer (relative tolerance 1e-6): answers in sentences
+    ("The answer is 42.") pass."""
+    found = _NUMBER.findall(completion.replace(",", ""))
+    if not stopped or not found:
+        return 0.0
+    return float(math.isclose(float(found[-1]), float(row["answer"]), rel_tol=1e-6, abs_tol=1e-9))
+
+
+def math_verify(completion: str, row: dict[str, Any], stopped: bool) -> float:
+    """``math-verify``: 1 iff the response ended and its LaTeX/expression answer is mathematically the reference.
+
+    Its timeouts are SIGALRM, which only the main thread may set: elsewhere they are switched off."""
+    from math_verify import parse, verify
+
+    main = threading.current_thread() is threading.main_thread()
+    timeout = {} if main else {"parsing_timeout": None}
+    answer = str(row["answer"])
+    gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$", **timeout)
+    pred = parse(completion, **timeout)
+    return float(bool(stopped and gold and pred and verify(gold, pred, **({} if main else {"timeout_seconds": None}))))
+
+
+VERIFIERS: dict[str, Verifier] = {
+    "prefix": prefix_credit,
+    "exact": exact_match,
+    "numeric": numeric,
+    "math-verify": math_verify,
+}
+"""The one verifier registry: RL rewards (``task.verifier``) and ``scifolio eval --verifier`` (a sample passes at
+reward 1) read it, so a run trains with the check it is measured with."""
 
 
 @dataclass
@@ -191,11 +285,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m posttrain.rl.task", description=write_small_data.__doc__)
-    p.add_argument("--write", required=True, metavar="DIR", help=f"output folder (shipped copy: {SMALL_DATA})")
-    p.add_argument("--n-train", type=int, default=512, help="rows in train.jsonl")
-    p.add_argument("--n-test", type=int, default=128, help="rows in test.jsonl")
+    p.add_argument("--write", required=True, metavar="DIR", help=f"output folder (shipped: {SMALL_DATA}, {SMOL_DATA})")
+    p.add_argument("--recipe", choices=("small", "smol"), default="small", help="whose task files to write")
+    p.add_argument("--n-train", type=int, help="rows in train.jsonl (small 512, smol 256)")
+    p.add_argument("--n-test", type=int, help="rows in each test file (small 128, smol 64)")
     args = p.parse_args(argv)
-    for path in write_small_data(args.write, args.n_train, args.n_test):
+    write = write_small_data if args.recipe == "small" else write_smol_data
+    sizes = {k: v for k, v in (("n_train", args.n_train), ("n_test", args.n_test)) if v is not None}
+    for path in write(args.write, **sizes):
         print(path)
     return 0
 

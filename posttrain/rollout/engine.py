@@ -110,6 +110,19 @@ class RolloutEngine(Protocol):
         ...
 
 
+def run_all(engine: RolloutEngine, requests: Sequence[Request], max_steps: int = 1_000_000) -> list[Trajectory]:
+    """Submit ``requests`` and step ``engine`` until every one is back: the trajectories in request order."""
+    engine.submit(requests)
+    done: dict[str, Trajectory] = {}
+    steps = 0
+    while len(done) < len(requests):
+        if steps == max_steps:
+            raise RuntimeError(f"engine did not finish {len(requests) - len(done)} requests in {steps} steps")
+        done.update((t.request_id, t) for t in engine.step().finished)
+        steps += 1
+    return [done[r.request_id] for r in requests]
+
+
 class QueuedEngine:
     """The bookkeeping every local engine shares: a version, a capacity, a queue of submitted requests and the
     running ones (subclasses set ``_version``, ``_capacity``, ``_queue`` and ``_running``). ``resume``/``pause``/

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from formats.records import Dropped
 from posttrain.rollout.engine import RolloutEngine
 from posttrain.rollout.types import Request, SamplingParams, Trajectory
 
@@ -99,8 +100,10 @@ class Batch:
     version: int
     """Learner version that trains on it."""
     stats: dict[str, float]
-    dropped: list[str] = field(default_factory=list)
-    """Request ids of the complete groups DAPO dropped while collecting it (finished, never trained)."""
+    dropped: list[Dropped] = field(default_factory=list)
+    """What collecting it finished and will never train, each with its reason (``formats.records.Dropped``, the
+    corpus job's dead letters): DAPO's uniform groups (``dapo_all_equal``), lemma's saturated questions, agentic's
+    infrastructure failures; the driver's row counts them by reason (``dropped_REASON``)."""
     advantages: list[list[float]] | None = None
     """Per trajectory (in group order) the per-token advantages its stage computed (agentic's Eq 30 session credit,
     lemma's round advantages); None: the learner shapes them from the rewards (Eq 28)."""
@@ -192,7 +195,7 @@ class PartialRolloutScheduler:
         """Incomplete groups: id → {"prompt": Prompt, "done": {request_id: Trajectory}}."""
         self._paused: list[Trajectory] = []
         self._restarted: set[str] = set()
-        self._dropped: list[str] = []
+        self._dropped: list[Dropped] = []
         self._carry: list[list[Trajectory]] = []
         """Complete groups beyond ``batch_target`` (trained at the next step; batches keep a fixed size)."""
         """Request ids restarted after a stale discard and not finished yet."""
@@ -346,7 +349,9 @@ class PartialRolloutScheduler:
         if self.config.dapo and _identical([m.reward for m in members], self.config.dapo_atol):
             self.totals["dapo_dropped_groups"] += 1
             self.totals["dapo_dropped_tokens"] += sum(m.n_tokens for m in members)
-            self._dropped += [m.request_id for m in members]
+            self._dropped += [
+                Dropped(m.request_id, "scheduler", "dapo_all_equal", {"reward": m.reward}) for m in members
+            ]
             self._starving("DAPO (identical rewards)", members[0].reward)
             return
         self._streak, self._streak_s, self._streak_rewards = 0, 0.0, {}

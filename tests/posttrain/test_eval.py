@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.eval import EvalTask, evaluate, exact, math_verify, numeric, pass_at_k
+from posttrain.eval import EvalTask, evaluate, pass_at_k
+from posttrain.rl.task import exact_match as exact
+from posttrain.rl.task import math_verify, numeric
 from posttrain.rollout.engine import StepOutput
 from posttrain.rollout.types import FINISH_LENGTH, FINISH_STOP, Trajectory
 

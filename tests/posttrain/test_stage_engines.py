@@ -81,6 +81,10 @@ def run(name: str, out: Path, **sets: str) -> tuple[list[dict], list[list[list[i
 
     st.collect = recording
     got = run_stage(st, out, progress=False), sampled
+    for worker in getattr(st.engine, "workers", ()):  # Ray engine workers: freed for the next stage's
+        from posttrain import ray_actors
+
+        ray_actors.ray.kill(worker)
     if not sets:
         IN_PROCESS[name] = got
     return got
@@ -94,9 +98,20 @@ def test_every_stage_replays_the_routes_of_an_moe_policy(name, tmp_path, one_tor
 
 
 @pytest.mark.slow
-def test_every_stage_on_local_ray_matches_in_process_on_its_first_step(tmp_path, one_torch_thread):
+def test_every_stage_on_local_ray_matches_in_process_on_its_first_step(tmp_path, one_torch_thread, monkeypatch):
     if not in_loopback_namespace():
         pytest.skip("Ray binds every interface: run inside `unshare -n sh -c 'ip link set lo up && exec pytest ...'`")
+    from posttrain import ray_actors
+
+    shutdown = ray_actors.shutdown_ray  # one local Ray for the four stages (each joins it), shut down once at the end
+    monkeypatch.setattr(ray_actors, "shutdown_ray", lambda: None)
+    try:
+        _every_stage_on_ray(tmp_path)
+    finally:
+        shutdown()
+
+
+def _every_stage_on_ray(tmp_path):
     for name in ("rl", "agentic", "distill", "lemma"):
         here, here_ids = run(name, tmp_path / f"{name}-here")
         ray, ray_ids = run(name, tmp_path / f"{name}-ray", steps="1", **{"engine.ray": "local", "engine.workers": "2"})

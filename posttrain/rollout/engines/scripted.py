@@ -18,10 +18,10 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from posttrain.rollout.engine import QueuedEngine, StepOutput
-from posttrain.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Trajectory
+from posttrain.rollout.types import FINISH_LENGTH, FINISH_STOP, Request, Trajectory
 
 
 def default_length(traj: Trajectory) -> int:
@@ -37,6 +37,13 @@ def scripted_token(traj: Trajectory, position: int, vocab: int = 1000) -> int:
 def scripted_logprob(position: int, version: int) -> float:
     """Behaviour logprob the scripted engine reports: encodes the version (−0.1·(v+1)) and position."""
     return -0.1 * (version + 1) - 0.001 * position
+
+
+class Running(NamedTuple):
+    """A running request and its scripted reply (drawn from ``script`` when it is admitted; None: the virtual clock)."""
+
+    traj: Trajectory
+    ids: list[int] | None
 
 
 class ScriptedEngine(QueuedEngine):
@@ -60,8 +67,8 @@ class ScriptedEngine(QueuedEngine):
         self.stop_token = stop_token
         """Token appended as the last one of a response that ends before its length limit (-1: none)."""
         self.script, self.step_delay_s = script, step_delay_s
-        self._queue: deque[tuple[Trajectory, list[int] | None]] = deque()
-        self._running: list[tuple[Trajectory, list[int] | None]] = []
+        self._queue: deque[Trajectory] = deque()
+        self._running: list[Running] = []
         self.emitted: dict[str, list[int]] = {}
         """request id → the ids this engine emitted (what tests compare the trace store with)."""
         self.prompts: dict[str, list[int]] = {}
@@ -75,28 +82,11 @@ class ScriptedEngine(QueuedEngine):
     def submit(self, requests: Sequence[Request]) -> None:
         for r in requests:
             self.prompts[r.request_id] = list(r.prompt_ids)
-            self._queue.append((Trajectory(request=r), None if self.script is None else list(self.script(r))))
+            self._queue.append(Trajectory(request=r))
 
     def resume(self, trajectories: Sequence[Trajectory]) -> None:
-        for t in trajectories:
-            if t.finished:
-                raise ValueError(f"{t.request_id} is finished; only paused trajectories resume")
-            self.resumed.append(t.request_id)
-            self._queue.append((t, None if self.script is None else list(self.script(t.request))))
-
-    def pause(self) -> list[Trajectory]:
-        out = [t for t, _ in [*self._running, *self._queue]]
-        self._running, self._queue = [], deque()
-        return out
-
-    def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
-        ids = set(request_ids)
-        out = [t for t, _ in [*self._running, *self._queue] if t.request_id in ids]
-        self._running = [x for x in self._running if x[0].request_id not in ids]
-        self._queue = deque(x for x in self._queue if x[0].request_id not in ids)
-        for t in out:
-            t.finish_reason = FINISH_ABORT
-        return out
+        super().resume(trajectories)
+        self.resumed += [t.request_id for t in trajectories]
 
     def update_weights(self, state: Mapping[str, Any], version: int) -> None:
         if self._running or self._queue:
@@ -107,18 +97,19 @@ class ScriptedEngine(QueuedEngine):
     def step(self) -> StepOutput:
         out = StepOutput()
         while self._queue and len(self._running) < self._capacity:
-            t, ids = self._queue.popleft()
+            t = self._queue.popleft()
             out.n_prefilled_tokens += len(t.prompt_ids) + t.n_tokens
-            self._running.append((t, ids))
+            self._running.append(Running(t, None if self.script is None else list(self.script(t.request))))
         if not self._running:
             return out
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         keep = []
-        for t, ids in self._running:
+        for r in self._running:
+            t, ids = r
             if ids is not None:
                 if not self._reply(t, ids, out):
-                    keep.append((t, ids))
+                    keep.append(r)
                 continue
             limit = t.request.params.target_length
             length = max(1, min(self.length_fn(t), limit))
@@ -135,7 +126,7 @@ class ScriptedEngine(QueuedEngine):
                 t.finish_reason = FINISH_STOP if length < limit else FINISH_LENGTH
                 out.finished.append(t)
             else:
-                keep.append((t, ids))
+                keep.append(r)
         out.n_decoded = len(self._running)
         self.steps += 1
         self.decoded += out.n_decoded

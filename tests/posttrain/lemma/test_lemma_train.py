@@ -57,6 +57,7 @@ def test_debug_run_writes_oreal_rows(tmp_path) -> None:
         for k in ("reward", "solved", "accepted_per_round", "uncertain_per_round", "masked_rounds", "loss", "lr"):
             assert k in r, k
         assert 0.0 <= r["masked_rounds"] <= 1.0 and r["trained_calls"] > 0
+        assert r.get("dropped_saturated", 0) == r["questions_dropped"]  # the dead letters, by reason
     assert got[-1]["version"] == 2  # one learner update per step
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["reward"] == "conjugate" and cfg["graph_credit"] is True and cfg["verifier"] == "noisy"

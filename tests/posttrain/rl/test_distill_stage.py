@@ -12,6 +12,7 @@ import torch
 from posttrain.objectives.distill import sampled_logprobs
 from posttrain.rl.distill import DOMAINS, build, debug, run
 from posttrain.rl.learner import pack
+from posttrain.rollout.engine import run_all
 from tests.posttrain.rl.test_cli_rl import env
 
 QUICK = dict(teacher_steps=120, steps=20, sft_steps=40)
@@ -32,7 +33,7 @@ def test_reverse_kl_falls_per_domain(tmp_path):
 
 def test_each_query_gets_only_its_own_teacher():
     stage = build(debug(teacher_steps=60, sft_steps=0, queries_per_domain=3, samples_per_query=2))
-    row = stage.step(1)
+    row = stage.train(stage.collect())
     assert set(row) >= {"gap_reasoning", "gap_agentic", "rkl_reasoning", "rkl_agentic", "loss"}
     assert {name for name, _ in stage.teacher_calls} == set(DOMAINS)
     for name, ids in stage.teacher_calls:
@@ -42,7 +43,7 @@ def test_each_query_gets_only_its_own_teacher():
     from posttrain.rl.distill import prompts
 
     by_domain = {d: prompts(stage.cfg, d, 3, gen) for d in DOMAINS}
-    trajs = stage._sample(stage.engine, stage._requests("chk", by_domain, 1, 5))
+    trajs = run_all(stage.engine, stage._requests("chk", by_domain, 1, 5))
     got, weights = stage.teacher_logprobs(trajs)
     p = pack(trajs)
     with torch.no_grad():
@@ -123,11 +124,11 @@ def test_experts_prompts_come_from_the_files_through_the_students_chat_template(
     assert stage.source.rows["agentic"] == [tok(rendered, add_special_tokens=False)["input_ids"]]
     plain = tok("Add 2 and 3.", add_special_tokens=False)["input_ids"]
     assert [tok.bos_token_id, *plain] in stage.source.rows["reasoning"]
-    row = stage.step(1)
+    row = stage.train(stage.collect())
     assert {"gap_reasoning", "gap_agentic", "rkl_reasoning", "rkl_agentic"} <= set(row)
     assert {name for name, _ in stage.teacher_calls} == {"reasoning", "agentic"}
     # every sampled query's prompt is a row of its own domain's file
-    trajs = stage._sample(stage.engine, stage._requests("chk", {d: stage.source.draw(d, 2) for d in DOMAINS}, 1, 0))
+    trajs = run_all(stage.engine, stage._requests("chk", {d: stage.source.draw(d, 2) for d in DOMAINS}, 1, 0))
     for t in trajs:
         assert t.prompt_ids in stage.source.rows[t.request.meta["domain"]]
 

@@ -38,6 +38,11 @@ def test_bkl_masks_engine_mismatch_not_drift(tmp_path, one_torch_thread):
     assert sum(x["bkl_masked_fraction"] for x in r) / len(r) < 1e-3
     assert all(x["matched_mismatch_abs_max"] < 1e-3 for x in r)
     assert min(x["bkl_compared_fraction"] for x in r[1:]) > 0.3  # resumed prefixes were rescored at the new version
+    # DAPO's dropped trajectories, by reason in the row and by id in trained.jsonl
+    per_group = cfg.scheduler.group_size
+    drops = [(x.get("dropped_dapo_all_equal", 0), len(t["dapo_dropped"]), x["dapo_dropped_groups"] * per_group)
+             for x, t in zip(r, rows(tmp_path, "trained.jsonl"))]  # fmt: skip
+    assert all(a == b == c for a, b, c in drops) and sum(a for a, _, _ in drops) > 0, drops
 
 
 class ShiftChosen:
@@ -276,12 +281,11 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
 
 
 def test_cosine_schedule_decays_to_min_lr_ratio():
-    from posttrain.rl.learner import lr_factor
+    from posttrain.fit import lr_factor
 
     cfg = with_overrides(debug(), {"learner.schedule": "cosine", "learner.min_lr_ratio": "0.2"}).learner
-    assert lr_factor(0, cfg, 100) == pytest.approx(1.0)
-    assert lr_factor(50, cfg, 100) == pytest.approx(0.6)
-    assert lr_factor(100, cfg, 100) == pytest.approx(0.2)
+    got = [lr_factor(u, 100, cfg.schedule, cfg.min_lr_ratio, cfg.warmup_steps) for u in (0, 50, 100)]
+    assert got == pytest.approx([1.0, 0.6, 0.2])
 
 
 def test_bfloat16_engine_with_fp32_learner(tmp_path, one_torch_thread):
@@ -309,3 +313,13 @@ def test_posttrain_memdec_is_the_memdec_command():
     b = top.parse_args(["memdec", "train", "--work-dir", "w", "--resume"])
     assert a.func is b.func is memdec.run_memdec
     assert (a.memdec_command, a.work_dir, a.resume) == (b.memdec_command, b.work_dir, b.resume) == ("train", "w", True)
+
+
+def test_a_missing_policy_path_is_refused_with_what_writes_one(tmp_path):
+    for path in (str(tmp_path / "lm"), "real/lm"):  # a path, and a name that is no cached hub model
+        with pytest.raises(engines.EngineRefused, match="models real DIR"):
+            engines.build_policy(engines.PolicyConfig(path=path))
+    cmd = cli(tmp_path / "run")
+    cmd[cmd.index("debug")] = "smol"  # its default policy.path, real/lm, is not in tmp_path
+    out = subprocess.run(cmd, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "policy.path=real/lm: no such model directory" in out.stderr

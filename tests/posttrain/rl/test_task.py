@@ -79,3 +79,35 @@ def test_small_recipe_data_ships_and_is_the_generators_output(tmp_path):
     for r in arithmetic_rows(50, split="check"):  # answers are the expressions' values
         expr = r["messages"][0]["content"].removeprefix("What is ").removesuffix("? Reply with the integer only.")
         assert int(r["answer"]) == eval(expr)  # noqa: S307 -- digits and + - * written by the generator
+
+
+def test_smol_recipe_data_ships_disjoint_and_correct(tmp_path):
+    from posttrain.rl.recipes import smol
+    from posttrain.rl.task import SMOL_DATA, write_smol_data
+
+    cfg = smol()
+    assert cfg.task.jsonl == str(SMOL_DATA / "train.jsonl") and cfg.task.verifier == "numeric"
+    for path in write_smol_data(tmp_path):  # the shipped files are exactly what the command writes
+        assert path.read_text() == (SMOL_DATA / path.name).read_text()
+    sets = {p.stem: JsonlTask.from_jsonl(p).rows for p in SMOL_DATA.glob("*.jsonl")}
+    questions = {k: {r["messages"][0]["content"] for r in rows} for k, rows in sets.items()}
+    assert not questions["train"] & questions["test"]  # no test problem is trained on
+    assert not questions["test-phrasings"] & (questions["train"] | questions["test"])
+    for r in sets["train"] + sets["test"]:
+        expr = r["messages"][0]["content"].removeprefix("What is ").removesuffix("? Reply with the integer only.")
+        assert int(r["answer"]) == eval(expr)  # noqa: S307 -- digits and + - * written by the generator
+
+
+def test_rl_and_eval_share_one_verifier_registry():
+    from posttrain.eval import TASKS, TaskOptions, check_of
+    from posttrain.rl.task import VERIFIERS
+
+    row = {"answer": "12"}
+    assert VERIFIERS["numeric"]("8 + 4 = 12.", row, True) == 1.0  # answers in sentences pass ...
+    assert VERIFIERS["numeric"]("8 + 4 = 12", row, False) == 0.0  # ... when the model ended them
+    assert VERIFIERS["exact"]("8 + 4 = 12.", row, True) == 0.0
+    for name, verify in VERIFIERS.items():  # eval passes a sample exactly when RL would give it full reward
+        for text in ("12", "8 + 4 = 12.", "13", "1"):
+            assert check_of(name)(text, row, True) == (verify(text, row, True) >= 1.0)
+    with pytest.raises(ValueError, match="unknown verifier"):
+        TASKS["jsonl"](TaskOptions(data="x.jsonl", verifier="nope"))

@@ -179,6 +179,10 @@ def test_dapo_drops_identical_groups_and_replaces_them():
     assert len(b.groups) == 3
     assert all(len({t.reward for t in g}) > 1 for g in b.groups)
     assert b.stats["dapo_dropped_groups"] >= 2
+    # each dropped trajectory is a dead letter with its reason (all-zero groups: reward 0)
+    assert len(b.dropped) == 2 * b.stats["dapo_dropped_groups"]
+    assert {(d.stage, d.reason, d.detail["reward"]) for d in b.dropped} == {("scheduler", "dapo_all_equal", 0.0)}
+    assert all(int(d.item_id.split("-")[0][1:]) % 2 == 0 for d in b.dropped)  # only the even (all-zero) groups
 
 
 def test_dapo_dropping_every_group_stops_with_advice_and_reports_each_drop():
