@@ -109,7 +109,7 @@ def rollout_batch(model, ids: list[list[int]], tokens: int):
         for j, t in enumerate(members):
             t.reward = float(j % 2)
         groups.append(members)
-    return Batch(groups=groups, version=0, stats={})
+    return Batch(groups=groups, version=0)
 
 
 def bare_step(model, opt, packed) -> None:

@@ -244,7 +244,7 @@ class AgenticStage(Stage):
         infra = sum(d.reason == "infra" for d in dropped)
         stats = {"reward_mean": sum(rewards_all) / max(len(rewards_all), 1), "infra": infra, "unjailed": unjailed}
         credit = [advs[t.request_id] for g in groups for t in g]  # Eq 30 per token of each session's trajectory
-        return Batch(groups, self.learner.version, stats, dropped, advantages=credit)
+        return Batch(groups, self.learner.version, metrics=stats, dropped=dropped, advantages=credit)
 
     def train(self, batch: Batch) -> dict[str, Any]:
         trajs = [t for g in batch.groups for t in g]
@@ -261,7 +261,7 @@ class AgenticStage(Stage):
 
     def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
         trajs = [t for g in batch.groups for t in g]
-        return {"reward": batch.stats["reward_mean"], **batch.stats, **metrics, "sessions": len(trajs)}
+        return {"reward": batch.metrics["reward_mean"], **batch.metrics, **metrics, "sessions": len(trajs)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"step_index": self.step_index, "attempt": self.attempt}

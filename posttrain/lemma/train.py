@@ -345,7 +345,8 @@ class LemmaStage(Stage):
         credit = {t.request_id: adv[i, : t.n_tokens].tolist() for i, t in enumerate(trajs)}  # round advantages
         ordered = [t for g in by_q.values() for t in g]
         dropped = [Dropped(q["id"], self.name, "saturated") for b, q in enumerate(qs) if b not in kept]  # pass rate 0/1
-        return Batch(list(by_q.values()), self.learner.version, stats, dropped, [credit[t.request_id] for t in ordered])
+        credit_of = [credit[t.request_id] for t in ordered]
+        return Batch(list(by_q.values()), self.learner.version, metrics=stats, dropped=dropped, advantages=credit_of)
 
     def train(self, batch: Batch) -> dict[str, Any]:
         if not batch.groups:  # every question saturated: no gradient this step (the version still advances)

@@ -408,7 +408,7 @@ class DistillStage(Stage):
         ordered = [t for g in groups.values() for t in g]
         scored = self.teacher_logprobs(ordered)[0]
         lp = [row[: t.n_tokens].tolist() for row, t in zip(scored, ordered)]
-        return Batch(list(groups.values()), self.learner.version, {}, teacher_logprobs=lp)
+        return Batch(list(groups.values()), self.learner.version, teacher_logprobs=lp)
 
     def train(self, batch: Batch) -> dict[str, Any]:
         trajs = [t for g in batch.groups for t in g]

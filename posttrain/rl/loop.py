@@ -92,7 +92,7 @@ class Stage:
         self.engine.update_weights(self.learner.weights(), self.learner.version)
 
     def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
-        return {"version": self.learner.version, **batch.stats, **metrics}
+        return {"version": self.learner.version, **batch.row(), **metrics}
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -272,20 +272,20 @@ def metrics_row(batch: Batch, lm: dict[str, float]) -> dict[str, Any]:
     row = {
         "version": batch.version + 1,
         "reward": sum(t.reward for t in trajs) / len(trajs),
-        "response_length": st["mean_trained_length"],
-        "sampled_length": st["mean_finished_length"],
-        "discarded_stale": st["discarded_trajectories"],
-        "discarded_stale_tokens": st["discarded_tokens"],
-        "stale_masked_tokens": st["stale_masked_tokens"],
-        "dapo_dropped_groups": st["dapo_dropped_groups"],
+        "response_length": st.mean_trained_length,
+        "sampled_length": st.mean_finished_length,
+        "discarded_stale": st.discarded_trajectories,
+        "discarded_stale_tokens": st.discarded_tokens,
+        "stale_masked_tokens": st.stale_masked_tokens,
+        "dapo_dropped_groups": st.dapo_dropped_groups,
         # Run-to-date: a step whose batch came entirely from carried-over groups takes no engine step.
-        "occupancy": st["occupancy_cumulative"],
-        "old_version_fraction": st["old_version_fraction"],
-        "old_version_tokens": st["old_version_tokens"],
-        "trained_tokens": st["trained_tokens"],
-        "engine_steps": st["engine_steps"],
-        "max_lag": st["max_lag"],
-        "in_flight": st["in_flight"],
+        "occupancy": st.occupancy_cumulative,
+        "old_version_fraction": st.old_version_fraction,
+        "old_version_tokens": st.old_version_tokens,
+        "trained_tokens": st.trained_tokens,
+        "engine_steps": st.engine_steps,
+        "max_lag": st.max_lag,
+        "in_flight": st.in_flight,
     }
     row.update(lm)  # every learner metric, and the draft's, the fused engine's
     return row

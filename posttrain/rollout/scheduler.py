@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from formats.records import Dropped
@@ -92,6 +92,55 @@ class SchedulerConfig:
     """The same stop after this many groups dropped in a row (0 = no count limit)."""
 
 
+@dataclass(frozen=True)
+class Counters:
+    """The scheduler's run-long counters (checkpointed); a ``CollectStats`` holds their increase over one collect."""
+
+    engine_steps: int = 0
+    decoded: int = 0
+    """Tokens the engine sampled (= ``sampled_tokens``; ``decoded / slots`` is the occupancy)."""
+    slots: int = 0
+    """Engine capacity summed over the steps taken."""
+    sampled_tokens: int = 0
+    trained_tokens: int = 0
+    """Tokens in the batch's loss (stale-masked ones excluded)."""
+    trained_trajectories: int = 0
+    old_version_tokens: int = 0
+    """Trained tokens sampled by an older policy version than the learner's."""
+    discarded_trajectories: int = 0
+    """Restarted from scratch: oldest token more than ``max_stale`` versions behind."""
+    discarded_tokens: int = 0
+    dapo_dropped_groups: int = 0
+    dapo_dropped_tokens: int = 0
+    groups_submitted: int = 0
+    finished_trajectories: int = 0
+    finished_tokens: int = 0
+    stale_masked_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class CollectStats(Counters):
+    """What one ``collect`` cost: the counters' increase over it, then what they imply (every field a column of
+    the driver's metrics row)."""
+
+    occupancy: float = float("nan")
+    """``decoded / slots`` of this collect (NaN when it took no engine step: carried-over groups filled it)."""
+    occupancy_cumulative: float = 0.0
+    """Run to date."""
+    old_version_fraction: float = 0.0
+    mean_trained_length: float = 0.0
+    mean_finished_length: float = 0.0
+    max_lag: int = 0
+    """Largest learner-version lag of a trained token."""
+    multi_version_trajectories: int = 0
+    """Trained trajectories whose tokens span several policy versions (paused across a sync)."""
+    in_flight: int = 0
+    """Trajectories paused at the end, waiting for the next collect."""
+
+
+_TOTAL_KEYS = tuple(f.name for f in fields(Counters))
+
+
 @dataclass
 class Batch:
     """Complete groups for one learner step, and what collecting them cost."""
@@ -99,7 +148,11 @@ class Batch:
     groups: list[list[Trajectory]]
     version: int
     """Learner version that trains on it."""
-    stats: dict[str, float]
+    stats: CollectStats | None = None
+    """The partial-rollout scheduler's accounting; None for a stage that collects without it."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What a stage's own ``collect`` measured (agentic's ``reward_mean``/``unjailed``, lemma's rewards and kept
+    questions): logged in its row, read by nothing else."""
     dropped: list[Dropped] = field(default_factory=list)
     """What collecting it finished and will never train, each with its reason (``formats.records.Dropped``, the
     corpus job's dead letters): DAPO's uniform groups (``dapo_all_equal``), lemma's saturated questions, agentic's
@@ -111,24 +164,9 @@ class Batch:
     """On-policy distillation: per trajectory the teacher's logprob of each sampled token (the OPD advantage is
     their gap to the proximal student's, computed in the update)."""
 
-
-_TOTAL_KEYS = (
-    "engine_steps",
-    "decoded",
-    "slots",
-    "sampled_tokens",
-    "trained_tokens",
-    "trained_trajectories",
-    "old_version_tokens",
-    "discarded_trajectories",
-    "discarded_tokens",
-    "dapo_dropped_groups",
-    "dapo_dropped_tokens",
-    "groups_submitted",
-    "finished_trajectories",
-    "finished_tokens",
-    "stale_masked_tokens",
-)
+    def row(self) -> dict[str, float]:
+        """The collect side of a metrics row: the scheduler's stats, then the stage's own."""
+        return (asdict(self.stats) if self.stats is not None else {}) | self.metrics
 
 
 class Starved(RuntimeError):
@@ -372,7 +410,7 @@ class PartialRolloutScheduler:
         ):
             raise Starved(starved_message(reason, self._streak, seconds, self._streak_rewards, cfg))
 
-    def _account(self, ready: list[list[Trajectory]], before: dict[str, int]) -> dict[str, float]:
+    def _account(self, ready: list[list[Trajectory]], before: dict[str, int]) -> CollectStats:
         trajs = [t for g in ready for t in g]
         for t in trajs:
             self._mask_stale_tokens(t)
@@ -383,17 +421,17 @@ class PartialRolloutScheduler:
         self.totals["old_version_tokens"] += old
         d = {k: self.totals[k] - before[k] for k in _TOTAL_KEYS}
         lags = [self.version - v for t in trajs for v, m in zip(t.versions, t.loss_mask) if m]
-        return {
-            **{k: float(v) for k, v in d.items()},
-            "occupancy": d["decoded"] / d["slots"] if d["slots"] else float("nan"),
-            "occupancy_cumulative": self.totals["decoded"] / max(self.totals["slots"], 1),
-            "old_version_fraction": old / max(trained, 1),
-            "mean_trained_length": sum(t.n_tokens for t in trajs) / max(len(trajs), 1),
-            "mean_finished_length": d["finished_tokens"] / max(d["finished_trajectories"], 1),
-            "max_lag": float(max(lags, default=0)),
-            "multi_version_trajectories": float(sum(1 for t in trajs if t.versions and t.versions[-1] > t.versions[0])),
-            "in_flight": float(len(self._paused)),
-        }
+        return CollectStats(
+            **d,
+            occupancy=d["decoded"] / d["slots"] if d["slots"] else float("nan"),
+            occupancy_cumulative=self.totals["decoded"] / max(self.totals["slots"], 1),
+            old_version_fraction=old / max(trained, 1),
+            mean_trained_length=sum(t.n_tokens for t in trajs) / max(len(trajs), 1),
+            mean_finished_length=d["finished_tokens"] / max(d["finished_trajectories"], 1),
+            max_lag=max(lags, default=0),
+            multi_version_trajectories=sum(1 for t in trajs if t.versions and t.versions[-1] > t.versions[0]),
+            in_flight=len(self._paused),
+        )
 
     # -- checkpoint -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

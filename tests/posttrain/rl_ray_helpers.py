@@ -40,7 +40,7 @@ def run_steps_in_driver(engine, steps: int = STEPS):
         metrics = learner.train(batch)
         sched.sync(learner.weights(), learner.version)
         batches.append(batch)
-        rows.append({**batch.stats, **metrics})
+        rows.append({**batch.row(), **metrics})
     return batches, rows
 
 

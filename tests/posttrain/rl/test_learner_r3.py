@@ -47,6 +47,6 @@ def test_learner_replays_engine_routes_and_the_router_still_trains():
     for j, t in enumerate(trajs):
         t.reward = float(j % 2)
     before = [r.weight.detach().clone() for r in find_routers(learner.model)]
-    learner.train(Batch(groups=[trajs[:3], trajs[3:]], version=0, stats={}))
+    learner.train(Batch(groups=[trajs[:3], trajs[3:]], version=0))
     after = [r.weight for r in find_routers(learner.model)]
     assert any(not torch.equal(a, b) for a, b in zip(before, after))  # gate weights from live logits: router learns

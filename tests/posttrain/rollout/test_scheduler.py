@@ -178,9 +178,9 @@ def test_dapo_drops_identical_groups_and_replaces_them():
     b = sched.collect()
     assert len(b.groups) == 3
     assert all(len({t.reward for t in g}) > 1 for g in b.groups)
-    assert b.stats["dapo_dropped_groups"] >= 2
+    assert b.stats.dapo_dropped_groups >= 2
     # each dropped trajectory is a dead letter with its reason (all-zero groups: reward 0)
-    assert len(b.dropped) == 2 * b.stats["dapo_dropped_groups"]
+    assert len(b.dropped) == 2 * b.stats.dapo_dropped_groups
     assert {(d.stage, d.reason, d.detail["reward"]) for d in b.dropped} == {("scheduler", "dapo_all_equal", 0.0)}
     assert all(int(d.item_id.split("-")[0][1:]) % 2 == 0 for d in b.dropped)  # only the even (all-zero) groups
 
@@ -239,7 +239,7 @@ def test_sync_scheduler_never_leaves_work_in_flight():
     sched, _ = make([[7, 1, 3, 2]] * 5, capacity=16, group_size=4, batch_target=2, cls=SyncScheduler)
     for b in run_steps(sched, 3):
         assert sched.paused == []
-        assert b.stats["old_version_fraction"] == 0.0
+        assert b.stats.old_version_fraction == 0.0
         assert all(len(set(t.versions)) == 1 for g in b.groups for t in g)
 
 
@@ -273,7 +273,7 @@ def test_batches_keep_a_fixed_size_and_extras_carry_over_once():
     ids = [t.request_id for b in batches for g in b.groups for t in g]
     assert len(ids) == len(set(ids))
     assert ids[:4] == ["g0-0", "g0-1", "g1-0", "g1-1"] and ids[4:8] == ["g2-0", "g2-1", "g3-0", "g3-1"]
-    assert batches[1].stats["engine_steps"] == 0  # the carried groups alone filled the second batch
+    assert batches[1].stats.engine_steps == 0  # the carried groups alone filled the second batch
 
 
 def test_finish_restarted_alternative_trains_restarted_ones_fully_fresh():
