@@ -101,6 +101,76 @@ def build_datastore(
     return {"examples": len(examples), "keys": cursor["keys"], "resumed_from": resumed_from}
 
 
+class InMemoryStore:
+    """Exact squared-L2 search over keys held in process memory (one matmul + top-k per query block): the
+    kNN-LM reference at datastore sizes that fit in RAM, and a :class:`KeyValueStore` for tests and benchmarks.
+    Upserting an id that is already stored replaces its row, as Milvus does."""
+
+    def __init__(self, query_block: int = 1024) -> None:
+        self.query_block = query_block
+        self._rows: dict[int, int] = {}  # id -> row in the key arrays
+        self._keys: list[np.ndarray] = []
+        self._values: list[np.ndarray] = []
+        self._ids: list[np.ndarray] = []
+        self._packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.dim: int | None = None
+
+    def ensure(self, dim: int) -> None:
+        if self.dim is not None and self.dim != dim:
+            raise ValueError(f"store holds {self.dim}-d keys, not {dim}-d")
+        self.dim = dim
+
+    def upsert(self, ids: np.ndarray, keys: np.ndarray, values: np.ndarray) -> int:
+        ids = np.asarray(ids, dtype=np.int64)
+        keys = np.asarray(keys, dtype=np.float32).reshape(len(ids), -1)
+        self.ensure(keys.shape[1])
+        self._keys.append(keys)
+        self._values.append(np.asarray(values, dtype=np.int64))
+        self._ids.append(ids)
+        self._packed = None
+        return len(ids)
+
+    def flush(self) -> None:
+        self._pack()
+
+    def count(self) -> int:
+        return len(self._pack()[0])
+
+    def _pack(self):
+        if self._packed is None:
+            keys = np.concatenate(self._keys) if self._keys else np.zeros((0, self.dim or 0), np.float32)
+            values = np.concatenate(self._values) if self._values else np.zeros(0, np.int64)
+            ids = np.concatenate(self._ids) if self._ids else np.zeros(0, np.int64)
+            last = {int(i): r for r, i in enumerate(ids)}  # a re-upserted id keeps its newest row
+            rows = np.array(sorted(last.values()), dtype=np.int64)
+            keys, values, ids = keys[rows], values[rows], ids[rows]
+            self._keys, self._values, self._ids = [keys], [values], [ids]
+            k = torch.from_numpy(keys)
+            self._packed = (torch.from_numpy(ids), k, (k * k).sum(-1), torch.from_numpy(values))
+        return self._packed
+
+    def search(self, queries: np.ndarray, k: int) -> _Arrays:
+        ids, keys, sq, values = self._pack()
+        q = torch.from_numpy(np.asarray(queries, dtype=np.float32)).reshape(-1, keys.shape[1])
+        kk = min(k, len(ids))
+        out_d, out_i = [], []
+        for start in range(0, len(q), self.query_block):
+            qb = q[start : start + self.query_block]
+            d = (qb * qb).sum(-1, keepdim=True) - 2 * qb @ keys.T + sq  # ‖q − k‖², exact up to fp32 rounding
+            dist, idx = d.topk(kk, dim=-1, largest=False)
+            out_d.append(dist.clamp(min=0))
+            out_i.append(idx)
+        dist = torch.cat(out_d) if out_d else torch.zeros(0, kk)
+        idx = torch.cat(out_i) if out_i else torch.zeros(0, kk, dtype=torch.int64)
+        pad = k - kk  # fewer rows than k: pad as Milvus does (id −1)
+        d_np, v_np, i_np = dist.numpy(), values[idx].numpy(), ids[idx].numpy()
+        if pad:
+            d_np = np.pad(d_np, ((0, 0), (0, pad)), constant_values=np.inf)
+            v_np = np.pad(v_np, ((0, 0), (0, pad)), constant_values=-1)
+            i_np = np.pad(i_np, ((0, 0), (0, pad)), constant_values=-1)
+        return _Arrays(d_np, v_np, i_np)
+
+
 def knn_from_neighbours(nb: Neighbours, vocab_size: int, tau: float, exclude: np.ndarray | None = None):
     """Eq 1 from a store's search result: ``[B, V]`` probabilities (float64). Pads (id −1) and, per row, the id in
     ``exclude`` (the query's own key) get no vote. The distance is used exactly as the store returned it."""
@@ -135,10 +205,13 @@ def write_knn_targets(
     exclude_self: bool = True,
     batch_examples: int = 32,
     progress: Callable[[int], None] | None = None,
+    encode: Callable[[Sequence[Example]], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
 ) -> dict:
     """Precompute Eq 1 once for every answer-side position and write it top-k sparse to parquet (one row per
     example: ``index, ids, answer_start, knn_tokens list<list<int32>>, knn_probs list<list<float32>>``).
 
+    ``encode(examples) -> (ids, keys, values)`` replaces the base's forward when the keys are already at hand
+    (cached hidden states); it must return what :func:`encode_keys` would.
     Written to a temporary file and renamed, so a crash leaves no half file (the stage simply reruns)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -157,7 +230,7 @@ def write_knn_targets(
     with pq.ParquetWriter(tmp, schema) as writer:
         for start in range(0, len(examples), batch_examples):
             part = examples[start : start + batch_examples]
-            ids, keys, _ = encode_keys(base, part, pad_id)
+            ids, keys, _ = encode_keys(base, part, pad_id) if encode is None else encode(part)
             nb = store.search(keys, k + 1 if exclude_self else k)
             if exclude_self:  # the query's own key is among the results; the remaining top k vote
                 p = knn_from_neighbours(_drop_self(nb, ids, k), vocab_size, tau)
