@@ -39,7 +39,7 @@ from torch import Tensor
 
 from posttrain.objectives import speculative
 from posttrain.rollout.engine import QueuedEngine, StepOutput
-from posttrain.rollout.sampling import sampling_logprobs, token_logprobs_of
+from posttrain.rollout.sampling import draw, sampling_logprobs, token_logprobs_of
 from posttrain.rollout.types import Request, Trajectory
 
 KV = list[tuple[Tensor, Tensor]]
@@ -263,7 +263,9 @@ class SpeculativeEngine(QueuedEngine):
             logq = torch.stack([self._logp(r, logits[i, -1]) for i, r in enumerate(rs)])
             q = logq.exp()
             for i in range(b):
-                drafts[i, j] = torch.multinomial(q[i], 1, generator=gens[i])
+                # Inverse-CDF draw (exact, like multinomial): ~0.2 ms against ~1–3 ms for torch.multinomial on a
+                # 49k-token float64 row, paid K times a round (SmolLM2's vocabulary).
+                drafts[i, j] = draw(logq[i : i + 1], torch.rand(1, generator=gens[i], dtype=torch.float64))[0]
             qs.append(q)
             feed = drafts[:, j : j + 1]
         # Policy: last kept token + kk drafts in one forward → kk+1 distributions.
