@@ -3,6 +3,16 @@
     python benchmarks/specdec.py --embed 400      # 183M policy, 17.3M random draft (10.6x smaller), K=4; ~2.5 min, 2 cores
     python benchmarks/specdec.py --embed 400 --draft-from-policy   # the draft starts as the policy's early exit
     python benchmarks/specdec.py --layers 4 --hidden 512 --tokens 32   # quick smoke run
+    # the real policy (#40 item 4; SmolLM2 from `scifolio models real DIR`), ~17 min on 1 thread:
+    python benchmarks/specdec.py --model DIR/lm --dtype bfloat16 --threads 1 --k 3 --requests 6 --sweep-k 2 4 \
+        --vocab-prompts 48 --warm-epochs 2 --draft-steps 10 --max-iters 8 --check-lossless --json OUT.json
+
+``--model``: the policy is the real LM; the draft is its early exit (embeddings, frozen; first ``--draft-layers``
+blocks; final norm) with a head over the ``--draft-vocab`` tokens carrying the most policy mass on plain T=1 rollouts
+of TRAIN prompts (``SubsetHead``: q = 0 elsewhere, still lossless), warm-started on those rollouts
+(``--warm-epochs``) and then trained online on speculative rollouts of the train prompts; timed on the test
+prompts (``test.jsonl`` + ``test-phrasings.jsonl``, disjoint), T=1, batch 1 and 8, plain ``HFEngine`` and
+``SpeculativeEngine`` alternated per request (batch); the last line is ``speedup: X`` (batch 1).
 
 The policy is a Qwen2 built from a config with random weights: its head is scaled by ``--sharpen`` (peaked
 next-token laws) and its token embeddings by ``--embed`` (the token then dominates the residual stream, so
@@ -239,7 +249,8 @@ class SubsetHead(torch.nn.Module):
     """A draft's output head over a token subset S of the policy's vocabulary: logits ``h·W_S^T`` for S and a
     constant −1e4 elsewhere (q = 0 there in float64; finite, so the KL term of the draft loss stays defined). The
     draft then never proposes a token outside S; the policy's residual ``max(0, p − q)`` emits those, so sampling
-    stays lossless. Costs ``|S|·d`` MACs a token instead of ``V·d`` (SmolLM2: 49,152 × 576 = 28M)."""
+    stays lossless. Costs ``|S|·d`` MACs a token instead of ``V·d`` (SmolLM2: 49,152 × 576 = 28M). The printed draft loss then
+    carries a constant ≈ λ·(policy mass outside S)·1e4 (large numbers); its gradient is the full-vocabulary one."""
 
     def __init__(self, weight: torch.Tensor, ids: torch.Tensor, vocab: int) -> None:
         super().__init__()
