@@ -13,10 +13,14 @@ every position, cached under ``WORK/cache``. A fold holds out test documents; ev
 - Memory Decoder: a memory LM of SmolLM2's embedding + its first decoder layer + final norm (same vocabulary,
   ≤ ¼ of the base's parameters), trained with Eq 2 (``train_memory``: β·KL to the Eq 1 targets of the training
   documents, exclude-self, + (1−β)·CE) on targets written by ``write_knn_targets``; mixed with the base (Eq 3) at
-  the λ chosen for the kNN-LM (a fixed λ, as the paper does; no router: there is no general-text side here).
+  a fixed λ (no router: there is no general-text side here) chosen on one training document held out from a
+  second memory trained the same way on the rest (``choose_memory_lambda``).
+- Controls: the base mixed with the uniform distribution and with the training unigram (λ from the training
+  documents), to tell smoothing from retrieval. Scored positions are text tokens (the EOS that ends every window
+  is an artefact of the cut and is not scored).
 
     python benchmarks/memdec_real.py --model /work/notes/real/lm --samples /work/shared/samples \\
-        --work /work/notes/memdec --folds fixed,lodo
+        --work /work/notes/memdec --folds fixed,lodo --lodo-epochs 2
 
 Resumable: builds, caches, targets and trained memories are reused when present.
 """
