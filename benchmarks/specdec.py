@@ -86,6 +86,19 @@ def drain(engine) -> list:  # noqa: ANN001
     return done
 
 
+def online_iter(eng, trainer, policy, reqs) -> tuple[float, dict]:  # noqa: ANN001
+    """One online draft iteration as in RL: speculative rollouts of ``reqs``, then the draft chases the policy on
+    their states. Returns this rollout's per-position acceptance and the trainer's metrics."""
+    eng.submit(reqs)
+    a0, p0 = eng.accepted, eng.reached
+    done = drain(eng)
+    acc = (eng.accepted - a0) / max(1, eng.reached - p0)
+    trainer.observe(eng.take_round_log())
+    m = trainer.update(done, policy)
+    eng.update_draft(trainer.weights(), trainer.version)
+    return acc, m
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, default=128)
@@ -188,13 +201,9 @@ def main() -> None:
     # -- online draft training on the speculative engine's own rollouts ------------------------------------------
     t0 = time.perf_counter()
     for it in range(args.max_iters):
-        eng.submit(requests(f"t{it}-", args.train_batch, args.train_tokens, args.vocab, seed=100 + it))
-        a0, p0 = eng.accepted, eng.reached
-        done = drain(eng)
-        acc = (eng.accepted - a0) / max(1, eng.reached - p0)
-        trainer.observe(eng.take_round_log())
-        m = trainer.update(done, policy)
-        eng.update_draft(trainer.weights(), trainer.version)
+        acc, m = online_iter(
+            eng, trainer, policy, requests(f"t{it}-", args.train_batch, args.train_tokens, args.vocab, seed=100 + it)
+        )
         print(f"  online draft iter {it:2d}: acceptance of this rollout {acc:.3f}, draft loss {m['draft_loss']:.3f}")
         if acc >= args.target_acceptance:
             break
@@ -557,13 +566,7 @@ def real_main(args: argparse.Namespace) -> None:
     for it in range(args.max_iters):
         lo = (it * args.train_batch) % len(train)
         batch = (train + train)[lo : lo + args.train_batch]
-        eng.submit(chat_requests(f"t{it}-", batch, args.train_tokens, seed=100 + it))
-        a0, p0 = eng.accepted, eng.reached
-        done = drain(eng)
-        acc = (eng.accepted - a0) / max(1, eng.reached - p0)
-        trainer.observe(eng.take_round_log())
-        m = trainer.update(done, policy)
-        eng.update_draft(trainer.weights(), trainer.version)
+        acc, m = online_iter(eng, trainer, policy, chat_requests(f"t{it}-", batch, args.train_tokens, seed=100 + it))
         hist.append({"iter": it, "acceptance": acc, "draft_loss": m["draft_loss"]})
         print(
             f"  online draft iter {it:2d}: acceptance of this rollout {acc:.3f}, draft loss {m['draft_loss']:.3f} "
