@@ -16,8 +16,8 @@ every position, cached under ``WORK/cache``. A fold holds out test documents; ev
   a fixed λ (no router: there is no general-text side here) chosen on one training document held out from a
   second memory trained the same way on the rest (``choose_memory_lambda``).
 - Controls: the base mixed with the uniform distribution and with the training unigram (λ from the training
-  documents), to tell smoothing from retrieval. Scored positions are text tokens (the EOS that ends every window
-  is an artefact of the cut and is not scored).
+  documents), to tell smoothing from retrieval. Scored positions are text tokens (EOS is not scored: before
+  a fix, ``shard_examples`` ended every window with one, an artefact of the cut).
 
     python benchmarks/memdec_real.py --model /work/notes/real/lm --samples /work/shared/samples \\
         --work /work/notes/memdec --folds fixed,lodo --lodo-epochs 2
@@ -448,8 +448,8 @@ def main() -> int:
             no_text.append(pdf.stem)
             print(f"  {pdf.stem}: no text segment in its build, left out", flush=True)
         else:
-            # The EOS that shard_examples puts after every window is an artefact of the cut (the text goes on):
-            # scored positions are the text tokens only. Keys and memory targets keep every position.
+            # Scored positions are the text tokens only (the recorded figures came from windows that all ended in
+            # EOS, an artefact of the cut since fixed in shard_examples). Keys and memory targets keep every position.
             cache["scored"] = cache["values"] != tok.eos_token_id
             docs[pdf.stem] = cache
     names = list(docs)

@@ -86,8 +86,9 @@ def shard_texts(out: str | Path) -> Iterator[str]:
 
 
 def shard_examples(shards_dir: str | Path, tokenizer, max_len: int) -> list[Example]:
-    """Corpus text as answer-only examples: each chunk's tokens cut into windows of ``max_len − 2`` (BOS/EOS
-    around each window). Indices start at ``SHARD_SOURCE_OFFSET``, so their datastore ids never meet the SFT
+    """Corpus text as answer-only examples: each chunk's tokens cut into windows of ``max_len − 2`` after a BOS;
+    only a chunk's last window ends in EOS (the text goes on after the others: an EOS there would be a target the
+    text never has). Indices start at ``SHARD_SOURCE_OFFSET``, so their datastore ids never meet the SFT
     source's."""
     out: list[Example] = []
     width = max(1, max_len - 2)
@@ -95,7 +96,8 @@ def shard_examples(shards_dir: str | Path, tokenizer, max_len: int) -> list[Exam
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         for start in range(0, len(ids), width):
             window = ids[start : start + width]
-            full = (tokenizer.bos_token_id, *window, tokenizer.eos_token_id)
+            end = (tokenizer.eos_token_id,) if start + width >= len(ids) else ()
+            full = (tokenizer.bos_token_id, *window, *end)
             out.append(Example(index=SHARD_SOURCE_OFFSET + len(out), ids=full, answer_start=1))
     return out
 

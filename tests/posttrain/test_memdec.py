@@ -232,7 +232,9 @@ def test_corpus_shards_are_a_second_datastore_source(tmp_path) -> None:
     write_shard(tmp_path / "out" / "shards" / "shard-00000-of-00001.parquet", rows)
     exs = shard_examples(tmp_path / "out", tok, max_len=8)  # 17 tokens per chunk → windows of 6
     assert [e.index - SHARD_SOURCE_OFFSET for e in exs] == list(range(6))
-    assert [len(e.ids) - 2 for e in exs] == [6, 6, 5, 6, 6, 5] and all(e.answer_start == 1 for e in exs)
+    assert [len(e.ids) - 1 for e in exs] == [6, 6, 6, 6, 6, 6] and all(e.answer_start == 1 for e in exs)
+    # EOS only where the chunk's text ends, never inside it
+    assert [e.ids[-1] == tok.eos_token_id for e in exs] == [False, False, True, False, False, True]
     cfg = with_overrides(debug(str(work)), {"shards": str(tmp_path / "out"), "datastore.max_len": 8})
     with ShardedVectorStore(VectorStoreConfig(uri=str(work / "ds.db"), n_shards=2, index_type="FLAT")) as store:
         stats = run.build(cfg, store, quiet=True)
