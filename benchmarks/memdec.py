@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from posttrain.memdec.datastore import InMemoryStore  # noqa: E402
 from posttrain.memdec.fused import generate_base, generate_fused, generate_knn_lm  # noqa: E402
 from posttrain.memdec.train import new_lm  # noqa: E402
 from posttrain.objectives.memory_decoder import Router, RouterConfig  # noqa: E402
@@ -86,26 +87,6 @@ def fill(store: ShardedVectorStore, base, n: int, chunk: int = 50_000) -> dict:
     store.reload()  # flush + release + load: Lite builds the ANN index of sealed segments here
     t_load = time.perf_counter() - t0
     return {"encode_s": t_enc, "insert_s": t_ins, "insert_per_s": n / t_ins, "index_load_s": t_load}
-
-
-class ExactTorchStore:
-    """The fastest lookup kNN-LM could hope for on this machine: every key in process memory, exact squared-L2
-    top-k by one matmul (no index, no RPC). Same ``search`` contract as the Milvus store."""
-
-    def __init__(self, keys: np.ndarray, values: np.ndarray):
-        self.keys = torch.from_numpy(keys)
-        self.sq = (self.keys * self.keys).sum(-1)
-        self.values = torch.from_numpy(values.astype(np.int64))
-
-    def search(self, queries: np.ndarray, k: int):
-        q = torch.from_numpy(np.asarray(queries, dtype=np.float32)).reshape(-1, self.keys.shape[1])
-        d = (q * q).sum(-1, keepdim=True) - 2 * q @ self.keys.T + self.sq  # ‖q − k‖²
-        dist, idx = d.topk(k, dim=-1, largest=False)
-
-        class _N:
-            distances, values, ids = dist.clamp(min=0).numpy(), self.values[idx].numpy(), idx.numpy()
-
-        return _N
 
 
 def timed(fn, repeats: int) -> tuple[float, int]:
@@ -179,7 +160,10 @@ def main() -> int:
         if args.exact_baseline:
             t0 = time.perf_counter()
             parts = list(key_chunks(base, args.keys))
-            exact = ExactTorchStore(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+            keys = np.concatenate([p[0] for p in parts])
+            exact = InMemoryStore()  # every key in process memory, exact squared-L2 top-k by one matmul
+            exact.upsert(np.arange(len(keys)), keys, np.concatenate([p[1] for p in parts]))
+            exact.flush()
             print(f"exact in-memory keys rebuilt in {time.perf_counter() - t0:.1f} s")
             gens["kNN-LM (exact, in memory)"] = lambda: generate_knn_lm(
                 base, exact, prompt, args.tokens, args.k, 1.0, 0.25

@@ -108,7 +108,6 @@ class InMemoryStore:
 
     def __init__(self, query_block: int = 1024) -> None:
         self.query_block = query_block
-        self._rows: dict[int, int] = {}  # id -> row in the key arrays
         self._keys: list[np.ndarray] = []
         self._values: list[np.ndarray] = []
         self._ids: list[np.ndarray] = []
