@@ -8,8 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from statistics import median
 from pathlib import Path
+from statistics import median
 
 import pytest
 import torch
