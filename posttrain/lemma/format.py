@@ -48,11 +48,6 @@ class Summary:
     errors: list[str] = field(default_factory=list)
 
 
-def render_lemma(c: Candidate) -> str:
-    uses = ", ".join(c.uses) if c.uses else "none"
-    return f"LEMMA: {c.statement}\nBECAUSE: {c.justification}\nUSES: {uses}\nEND"
-
-
 def parse_summary(text: str, max_lemmas: int = 16) -> Summary:
     """Every ``LEMMA … END`` block of ``text``, checked (see the module docstring)."""
     out = Summary()

@@ -231,22 +231,6 @@ class RoutingReplay(AbstractContextManager):
         return hook
 
 
-def record_routing(model: nn.Module) -> RoutingRecorder:
-    return RoutingRecorder(model)
-
-
-def replay_routing(model: nn.Module, experts: torch.Tensor) -> RoutingReplay:
-    return RoutingReplay(model, experts)
-
-
-def is_moe(model: nn.Module) -> bool:
-    try:
-        find_routers(model)
-    except ValueError:
-        return False
-    return True
-
-
 def batch_routes(
     routes: Sequence[torch.Tensor | None],
     seq_len: int,
