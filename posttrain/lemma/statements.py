@@ -26,10 +26,11 @@ parse is *undecided* (``Decision.ok is None``), which a verifier counts as a fai
 from __future__ import annotations
 
 import re
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+from posttrain.rl.task import math_equal
 
 FUNCTIONS = (
     "Mod",
@@ -298,21 +299,11 @@ def _decide(statement: str) -> bool:
 
 
 def answers_match(given: str, reference: str) -> bool:
-    """Whether a final answer equals the reference, by ``math-verify`` (LaTeX or plain).
-
-    math-verify bounds its own work with SIGALRM, which only works on the main thread; elsewhere (threads, Ray
-    actors, Beam workers) its timeouts are switched off, and the inputs are bounded by ``MAX_CHARS`` instead."""
-    from math_verify import parse, verify
-
+    """Whether a final answer equals the reference, by ``math-verify`` (LaTeX or plain; ``rl.task.math_equal``).
+    Off the main thread math-verify's timeouts are off, so the inputs are bounded by ``MAX_CHARS`` instead."""
     if len(given) > MAX_CHARS or len(reference) > MAX_CHARS:
         return False
-    main = threading.current_thread() is threading.main_thread()
-    kw: dict[str, Any] = {} if main else {"parsing_timeout": None}
-    gold = parse(_as_math(reference), **kw)
-    pred = parse(_as_math(given), **kw)
-    if not gold or not pred:
-        return False
-    return bool(verify(gold, pred, **({} if main else {"timeout_seconds": None})))
+    return math_equal(_as_math(given), _as_math(reference))
 
 
 def _as_math(text: str) -> str:

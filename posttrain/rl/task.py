@@ -202,17 +202,20 @@ def numeric(completion: str, row: dict[str, Any], stopped: bool) -> float:
 
 
 def math_verify(completion: str, row: dict[str, Any], stopped: bool) -> float:
-    """``math-verify``: 1 iff the response ended and its LaTeX/expression answer is mathematically the reference.
+    """``math-verify``: 1 iff the response ended and its LaTeX/expression answer is mathematically the reference."""
+    answer = str(row["answer"])
+    return float(stopped and math_equal(completion, answer if "$" in answer or "\\boxed" in answer else f"${answer}$"))
 
-    Its timeouts are SIGALRM, which only the main thread may set: elsewhere they are switched off."""
+
+def math_equal(pred: str, gold: str) -> bool:
+    """Whether ``pred`` states ``gold`` mathematically, by ``math-verify`` (the RL verifier and the lemma agent's
+    answers). Its timeouts are SIGALRM, which only the main thread may set: elsewhere they are switched off."""
     from math_verify import parse, verify
 
     main = threading.current_thread() is threading.main_thread()
-    timeout = {} if main else {"parsing_timeout": None}
-    answer = str(row["answer"])
-    gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$", **timeout)
-    pred = parse(completion, **timeout)
-    return float(bool(stopped and gold and pred and verify(gold, pred, **({} if main else {"timeout_seconds": None}))))
+    kw: dict[str, Any] = {} if main else {"parsing_timeout": None}
+    g, p = parse(gold, **kw), parse(pred, **kw)
+    return bool(g and p and verify(g, p, **({} if main else {"timeout_seconds": None})))
 
 
 VERIFIERS: dict[str, Verifier] = {
