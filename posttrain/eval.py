@@ -29,6 +29,7 @@ from typing import Any
 
 from formats.chat import TURN_END
 from posttrain.rl.task import VERIFIERS, prompt_ids  # chat rows through the chat template, as RL and distill feed them
+from posttrain.rollout.engine import run_all
 from posttrain.rollout.types import FINISH_STOP, Request, SamplingParams
 
 Check = Callable[[str, dict[str, Any], bool], bool]
@@ -181,21 +182,13 @@ def sample(
                 stop_token_ids=stop,
             )
             requests.append(Request(f"{row['id']}/{j}", ids, params, group_id=str(row["id"])))
-    engine.submit(requests)
-    left = len(requests)
-    while left:
-        out = engine.step()
-        for traj in out.finished:
-            stopped = traj.finish_reason == FINISH_STOP
-            ids = traj.token_ids[:-1] if stopped else traj.token_ids
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            row = by_id[traj.request.group_id]
-            if "messages" in row and TURN_END in text:  # formats.chat's template ends turns with text, not EOS
-                text, stopped = text.split(TURN_END, 1)[0], True
-            results[traj.request.group_id].samples.append(Sample(text, stopped, bool(task.check(text, row, stopped))))
-        left -= len(out.finished)
-        if progress is not None and out.finished:
-            progress(len(out.finished))
+    for traj in run_all(engine, requests, progress=progress):
+        stopped = traj.finish_reason == FINISH_STOP
+        text = tokenizer.decode(traj.token_ids[:-1] if stopped else traj.token_ids, skip_special_tokens=True)
+        row = by_id[traj.request.group_id]
+        if "messages" in row and TURN_END in text:  # formats.chat's template ends turns with text, not EOS
+            text, stopped = text.split(TURN_END, 1)[0], True
+        results[traj.request.group_id].samples.append(Sample(text, stopped, bool(task.check(text, row, stopped))))
     return list(results.values())
 
 

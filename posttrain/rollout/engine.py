@@ -17,7 +17,7 @@ Implementations: ``engines/hf.py`` (transformers, CPU), ``engines/scripted.py`` 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -110,15 +110,24 @@ class RolloutEngine(Protocol):
         ...
 
 
-def run_all(engine: RolloutEngine, requests: Sequence[Request], max_steps: int = 1_000_000) -> list[Trajectory]:
-    """Submit ``requests`` and step ``engine`` until every one is back: the trajectories in request order."""
+def run_all(
+    engine: RolloutEngine,
+    requests: Sequence[Request],
+    max_steps: int = 1_000_000,
+    progress: Callable[[int], None] | None = None,
+) -> list[Trajectory]:
+    """Submit ``requests`` and step ``engine`` until every one is back: the trajectories in request order.
+    ``progress(n)`` is told of each step's ``n`` finished requests as they come."""
     engine.submit(requests)
     done: dict[str, Trajectory] = {}
     steps = 0
     while len(done) < len(requests):
         if steps == max_steps:
             raise RuntimeError(f"engine did not finish {len(requests) - len(done)} requests in {steps} steps")
-        done.update((t.request_id, t) for t in engine.step().finished)
+        finished = engine.step().finished
+        done.update((t.request_id, t) for t in finished)
+        if progress is not None and finished:
+            progress(len(finished))
         steps += 1
     return [done[r.request_id] for r in requests]
 
