@@ -5,9 +5,17 @@ One collection per N in the layout the index uses by default (``retrieval.index`
 until every row is indexed), load it, then measure over 1,000 held-out queries (drawn from the same clusters,
 never inserted) recall@10 against exact numpy search, single-query p50/p99 latency at k = 10 through our layer
 (``ShardedIndex.search``) and through pymilvus directly on the same collection (each query through both, back to
-back, the order alternating), resident memory of the server
-per vector (RSS after load minus RSS with the collection released) and disk per vector (the server's storage
-directory).
+back, the order alternating), resident memory per vector and disk per vector (the server's storage directory).
+
+Resident memory (issue 35 item 2) is measured on a **fresh server process**: once the index is built the collection
+is released, the server stopped (SIGTERM, graceful) and started again on the same data directory, its RSS read with
+nothing loaded, the one collection loaded, its RSS read again: ``resident_bytes_per_vector`` = (loaded - fresh) / N,
+``resident_method`` says so. Every index type of an N gets its own fresh server, so no earlier build's freed memory
+hides in the figure. (The older RSS delta, loaded minus released in the same long-running server, went negative
+after a first build; old rows keep it as ``rss_delta_bytes_per_vector_not_for_sizing``.) The server's own gauge
+``milvus_querynode_entity_size`` is recorded beside it (``metrics_entity_size_bytes_per_vector``) but not used for
+sizing: on 2.3.5 it is the same for every index type of a collection (HNSW and an unbuilt IVF_PQ report the same
+bytes), i.e. an estimate from the raw field data, not the loaded index.
 
 Ingest (issue 35), both paths at the same N, each timed from its first row handed over to every row searchable
 (indexed, loaded, and counted by a Strong-consistency read):
@@ -31,7 +39,9 @@ at 1M):
 
 Rows go to ``benchmarks/results/index_scale.json`` (rewritten after every measured point, so a run stopped
 part-way keeps what it measured) as ``{n, index, search_params, recall_at_10, p50_ms, p99_ms, bytes_per_vector,
-disk_bytes_per_vector, build_s, ...}``.
+disk_bytes_per_vector, build_s, resident_bytes_per_vector, ...}``. ``--no-upsert`` skips the upsert ingest (an hour
+of index build at 1M that only the ingest rows need); ``--deadline HH:MM`` (UTC) caps every wait so the run ends by
+then: an index not built in time is recorded with the rows it had indexed.
 """
 
 from __future__ import annotations
@@ -153,6 +163,81 @@ def server_rss() -> int:
     return sum(p.memory_info().rss for p in psutil.Process().children(recursive=True))
 
 
+def settled_rss(wait_s: float = 60.0, every_s: float = 3.0) -> int:
+    """Server RSS once it stops moving (two reads ``every_s`` apart within 1 %), at most ``wait_s``: a server
+    that has just started or loaded still allocates for a few seconds."""
+    last = server_rss()
+    t = time.monotonic()
+    while time.monotonic() - t < wait_s:
+        time.sleep(every_s)
+        now = server_rss()
+        if abs(now - last) <= 0.01 * last:
+            return now
+        last = now
+    return last
+
+
+def restart(server) -> str:
+    """Stop the started server gracefully (SIGTERM, up to 120 s) and start it again on the same data directory;
+    returns its URI (the port may change)."""
+    import subprocess
+
+    if server.server_proc is not None:
+        server.server_proc.terminate()
+        try:
+            server.server_proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pass
+    server.stop()  # kills it if SIGTERM did not, closes the log files
+    server.start()
+    return f"http://127.0.0.1:{server.listen_port}"
+
+
+def entity_size(server, collection_id: int) -> float | None:
+    """The query node's ``milvus_querynode_entity_size`` gauge for one collection (bytes), from the server's
+    Prometheus endpoint; None where it does not report it."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.webservice_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith("milvus_querynode_entity_size{") and f'collection_id="{collection_id}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def fresh_resident(server, name: str, n: int) -> tuple[str, dict]:
+    """Resident memory of collection ``name`` (released) by a fresh server process: restart, RSS with nothing
+    loaded, load, RSS again. Returns the server's URI and the fields for the row."""
+    from pymilvus import MilvusClient
+
+    uri = restart(server)
+    client = MilvusClient(uri=uri)
+    try:
+        fresh = settled_rss()
+        t = time.perf_counter()
+        client.load_collection(name)
+        load_s = time.perf_counter() - t
+        loaded = settled_rss()
+        cid = client.describe_collection(name)["collection_id"]
+        gauge = entity_size(server, cid)
+        for _ in range(5):  # the gauge appears a few seconds after the load on a fresh server
+            if gauge is not None:
+                break
+            time.sleep(2)
+            gauge = entity_size(server, cid)
+    finally:
+        client.close()
+    return uri, {
+        "resident_bytes_per_vector": round((loaded - fresh) / n, 1),
+        "resident_method": "fresh server process: RSS after loading this one collection minus RSS with nothing loaded",
+        "server_rss_fresh_gib": round(fresh / 2**30, 3),
+        "server_rss_loaded_gib": round(loaded / 2**30, 3),
+        "fresh_load_s": round(load_s, 1),
+        "metrics_entity_size_bytes_per_vector": None if gauge is None else round(gauge / n, 1),
+    }
+
+
 def du(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
@@ -179,11 +264,13 @@ def recall(found: list[list[str]], truth: np.ndarray) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100000,300000,1000000")
-    ap.add_argument("--indexes", default="HNSW,IVF_SQ8,IVF_PQ,DISKANN", help="HNSW first: its RSS delta is clean")
+    ap.add_argument("--indexes", default="HNSW,IVF_SQ8,IVF_PQ,DISKANN")
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--clusters", type=int, default=2000)
     ap.add_argument("--spread", type=float, default=1.0, help="cluster noise norm relative to the centre")
     ap.add_argument("--build-timeout", type=float, default=5400)
+    ap.add_argument("--deadline", default=None, help="HH:MM UTC today: no wait (import, build, load) runs past it")
+    ap.add_argument("--no-upsert", action="store_true", help="skip the upsert ingest (only ingest rows need it)")
     ap.add_argument("--out", default="benchmarks/results/index_scale.json")
     ap.add_argument("--uri", default=None, help="an existing server (default: start the PyPI milvus server here)")
     ap.add_argument("--ingest-only", action="store_true", help="ingest rates only (no exact top-k, no queries)")
@@ -200,6 +287,18 @@ def main() -> None:
 
     from retrieval.index import IndexConfig, ShardedIndex, bulk_import, search_params
 
+    end = None
+    if args.deadline:
+        import datetime as dt
+
+        hh, mm = (int(v) for v in args.deadline.split(":"))
+        now = dt.datetime.now(dt.UTC)
+        end = time.time() + (now.replace(hour=hh, minute=mm, second=0, microsecond=0) - now).total_seconds()
+
+    def budget() -> float:
+        """Seconds the next wait may take: the build timeout, or less to end by ``--deadline``."""
+        return args.build_timeout if end is None else max(1.0, min(args.build_timeout, end - time.time()))
+
     base = tempfile.mkdtemp(prefix="index-scale-")
     server = None
     if args.uri is None:
@@ -207,6 +306,7 @@ def main() -> None:
 
         server.set_base_dir(os.path.join(base, "milvus"))
         server.config.set("indexNode.scheduler.buildParallel", args.build_parallel)
+        server.config.set("queryNode.enableDisk", "true")  # the query node loads DiskANN indexes only with it
         server.start()
         uri = f"http://127.0.0.1:{server.listen_port}"
     else:
@@ -237,24 +337,25 @@ def main() -> None:
             x = clustered(n, centres, args.spread, np.random.default_rng(100 + n))
             truth = None if args.ingest_only else exact(x, queries, K)
             print(f"N={n}: data (+ exact top-{K}) in {time.perf_counter() - t:.1f}s", flush=True)
-            first_index = args.indexes.split(",")[0]
-            up = upsert_ingest(uri, x, first_index, args.build_timeout)
-            print(f"N={n}: upsert {json.dumps(up)}", flush=True)
+            up: dict = {}
+            if not args.no_upsert:
+                up = upsert_ingest(uri, x, args.indexes.split(",")[0], budget())
+                print(f"N={n}: upsert {json.dumps(up)}", flush=True)
             for k_index, index in enumerate(args.indexes.split(",")):
                 first = k_index == 0
                 name = f"scale_{n}_{index.lower()}"
                 cfg = IndexConfig(uri, name=name, index_type=index, build_params=BUILD[index])
                 staged = Path(base) / f"bulk-{n}-{index}"
+                started = time.perf_counter()
                 try:
                     with ShardedIndex(cfg) as ix:
                         ix.drop()
                         ix.ensure(DIM)  # creates the collection with its index; bulk-imported segments get built
-                        client = ix.client
                         disk0 = du(base)
                         t = time.perf_counter()
                         files = stage(x, staged, args.rows_per_file)
                         stage_s = time.perf_counter() - t
-                        done = bulk_import(ix, files, timeout_s=args.build_timeout)
+                        done = bulk_import(ix, files, timeout_s=budget())
                         total_s = time.perf_counter() - t
                         shutil.rmtree(staged, ignore_errors=True)
                         ing = {
@@ -269,19 +370,24 @@ def main() -> None:
                             "build_parallel": args.build_parallel,
                             "load_avg_1m": round(os.getloadavg()[0], 2),
                             **up,
-                            "bulk_over_upsert": round(n / total_s / up["ingest_upsert_rows_per_s"], 2),
                         }
+                        if up:
+                            ing["bulk_over_upsert"] = round(n / total_s / up["ingest_upsert_rows_per_s"], 2)
                         print(capacity(n / total_s), flush=True)
                         if args.ingest_only:
                             record({"n": n, "index": index, "build_params": BUILD[index], "search_params": None, **ing})
                             ix.drop()
                             continue
                         build_s = done.indexed_s - done.import_s
-                        client.release_collection(name)
-                        rss_released = server_rss()
-                        client.load_collection(name)
-                        rss_loaded = server_rss()
+                        ix.client.release_collection(name)
                         disk = du(base) - disk0
+                    if server is not None:
+                        uri, mem = fresh_resident(server, name, n)
+                    else:
+                        mem = {"resident_bytes_per_vector": None, "resident_method": "not measured (--uri server)"}
+                    print(f"N={n} {index}: {json.dumps(mem)}", flush=True)
+                    cfg = IndexConfig(uri, name=name, index_type=index, build_params=BUILD[index])
+                    with ShardedIndex(cfg) as ix:
                         for sp in SEARCH[index]:
                             # Bounded: a serving read. Strong waits for the server's next time tick (~200 ms
                             # per query on an idle 2.3 server), which measures the clock, not the index.
@@ -320,6 +426,7 @@ def main() -> None:
                             def layer(q, ix=ix):
                                 return [h.sha256 for h in ix.search(q, k=K)[0]]
 
+                            la0 = os.getloadavg()[0]
                             (ours, raw_found), (ours_ms, raw_ms) = paired_latencies((layer, raw), queries)
                             direct.close()
                             record(
@@ -337,24 +444,31 @@ def main() -> None:
                                     "layer_overhead_p50": round(
                                         float(np.percentile(ours_ms, 50) / np.percentile(raw_ms, 50)), 3
                                     ),
-                                    # server RSS loaded minus released: clean for the first index type of an N,
-                                    # an underestimate after it (the allocator keeps what earlier builds freed)
-                                    "bytes_per_vector": round((rss_loaded - rss_released) / n, 1),
+                                    **mem,
+                                    "server_rss_after_queries_gib": round(server_rss() / 2**30, 3),
                                     "first_index_of_n": first,
-                                    "server_rss_gib": round(rss_loaded / 2**30, 2),
                                     "disk_bytes_per_vector": round(disk / n, 1),
                                     "build_s": round(build_s, 1),
                                     **ing,
+                                    "load_avg_1m_queries": [round(la0, 2), round(os.getloadavg()[0], 2)],
                                     "shards_num": cfg.shards_num,
                                     "consistency": "Bounded",
                                     "queries": len(queries),
                                 }
                             )
                         ix.drop()
-                except Exception as e:  # an index type this server cannot build is a result too
-                    record({"n": n, "index": index, "error": f"{type(e).__name__}: {e}"[:300]})
-                    with ShardedIndex(cfg) as ix:
-                        ix.drop()
+                except Exception as e:  # an index type this server cannot build (in time) is a result too
+                    err = {"n": n, "index": index, "build_params": BUILD[index], "error": f"{type(e).__name__}: {e}"}
+                    err["elapsed_s"] = round(time.perf_counter() - started, 1)
+                    err["load_avg_1m"] = round(os.getloadavg()[0], 2)
+                    try:
+                        with ShardedIndex(cfg) as ix:
+                            d = ix.client.describe_index(name, "vector")  # progress: rows indexed by now
+                            err["indexed_rows"], err["total_rows"] = d.get("indexed_rows"), d.get("total_rows")
+                            ix.drop()
+                    except Exception as e2:  # noqa: BLE001 - the server itself may be what failed
+                        err["cleanup_error"] = f"{type(e2).__name__}: {e2}"[:300]
+                    record(err)
                 finally:
                     shutil.rmtree(staged, ignore_errors=True)
     finally:
