@@ -57,13 +57,13 @@ def verify(
     draft_tokens: Tensor,
     draft_probs: Tensor,
     target_probs: Tensor,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
 ) -> Verified:
     """Accept/reject K draft tokens per row against the target, with residual resampling.
 
     draft_tokens: ``[B, K]`` sampled from draft_probs. draft_probs: ``[B, K, V]`` q at each draft
     position. target_probs: ``[B, K+1, V]`` p at each draft position plus the bonus position
-    (the target scores all K+1 positions in one forward pass).
+    (the target scores all K+1 positions in one forward pass). generator: one, or a list of one per row.
     """
     b, k = draft_tokens.shape
     if target_probs.shape[1] != k + 1 or draft_probs.shape[1] != k:
@@ -71,9 +71,12 @@ def verify(
     idx = draft_tokens.unsqueeze(-1)
     p_x = target_probs[:, :k].gather(-1, idx).squeeze(-1)
     q_x = draft_probs.gather(-1, idx).squeeze(-1)
-    u = torch.rand(b, k, generator=generator, dtype=p_x.dtype, device=p_x.device)
+    if isinstance(generator, list):  # K accept tests + 1 residual draw per row, independent of the rows beside it
+        u = torch.stack([torch.rand(k + 1, generator=g, dtype=p_x.dtype) for g in generator]).to(p_x.device)
+    else:
+        u = torch.rand(b, k + 1, generator=generator, dtype=p_x.dtype, device=p_x.device)
     # u < p/q written as u·q < p: no division, and it is always true when p ≥ q.
-    accept = u * q_x < p_x
+    accept = u[:, :k] * q_x < p_x
     n_acc = accept.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
     rows = torch.arange(b, device=draft_tokens.device)
     p_sel = target_probs[rows, n_acc]
@@ -82,8 +85,9 @@ def verify(
     residual = (p_sel - q_pad[rows, n_acc]).clamp(min=0)
     mass = residual.sum(dim=-1, keepdim=True)
     # A rejection implies p(x) < q(x), hence some v with p_v > q_v: mass > 0 except by float rounding.
-    dist = torch.where(mass > 0, residual, p_sel)
-    extra = torch.multinomial(dist, 1, generator=generator).squeeze(-1)
+    cdf = torch.where(mass > 0, residual, p_sel).cumsum(dim=-1)
+    # Inverse CDF as sampling.draw (objectives import no rollout code): exact, ~1 ms less than multinomial on 49k tokens.
+    extra = torch.searchsorted(cdf, u[:, k:] * cdf[:, -1:], right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
     pos = torch.arange(k + 1, device=draft_tokens.device)
     drafts_pad = torch.cat([draft_tokens, torch.full_like(draft_tokens[:, :1], -1)], dim=1)
     tokens = torch.where(pos < n_acc.unsqueeze(-1), drafts_pad, torch.full_like(drafts_pad, -1))

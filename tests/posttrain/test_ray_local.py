@@ -131,7 +131,7 @@ def test_speculative_engine_workers_load_the_drivers_draft_and_report_like_one_e
     for t, r in zip(done, ref, strict=True):
         assert torch.allclose(torch.tensor(t.logprobs), torch.tensor(r.logprobs), atol=1e-5)
     ref_log = ref_eng.take_round_log()
-    assert len(log) == len(ref_log) > 12  # several groups per step
+    assert len(log) == len(ref_log) > 6  # several groups in some steps (draft lag 0 and 1, one singleton)
     assert all(torch.equal(a, b) for a, b in zip(log, ref_log, strict=True))
     for key in ("rounds", "proposed", "reached", "accepted", "emitted"):
         assert stats[key] == getattr(ref_eng, key), key

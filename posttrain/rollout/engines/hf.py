@@ -26,6 +26,27 @@ from posttrain.rollout.engine import ExpertsRecorder, QueuedEngine, StepOutput
 from posttrain.rollout.sampling import draw, sampling_logprobs, token_logprobs_of, token_uniform
 from posttrain.rollout.types import Request, Trajectory
 
+KV = list[tuple[Tensor, Tensor]]
+
+
+def left_pad(kvs: list[KV], new: int) -> tuple[KV, Tensor | None, list[int]]:
+    """Per-request caches (per layer ``(keys, values)`` ``[1, H, L_i, D]``, ``[]`` when L_i = 0) → one batch left-padded
+    with zeros to the longest, its attention mask over the cache and ``new`` fed positions (None for a single row),
+    and the L_i. Row i's fed positions are ``L_i …``; its cache is cut back out from ``max L − L_i``."""
+    lens = [kv[0][0].shape[2] if kv else 0 for kv in kvs]
+    lmax = max(lens)
+    if len(kvs) == 1:
+        return kvs[0], None, lens
+    mask = (torch.arange(lmax + new) >= lmax - torch.tensor(lens)[:, None]).long()
+    out = []
+    for layer, pair in enumerate(next((kv for kv in kvs if kv), [])):
+        bufs = [t.new_zeros(len(kvs), t.shape[1], lmax, t.shape[3]) for t in pair]
+        for i, (kv, n) in enumerate(zip(kvs, lens)):
+            for buf, t in zip(bufs, kv[layer] if n else ()):
+                buf[i, :, lmax - n :] = t[0]
+        out.append((bufs[0], bufs[1]))
+    return out, mask, lens
+
 
 @dataclass
 class _Running:
@@ -148,23 +169,8 @@ class HFEngine(QueuedEngine):
         return rows
 
     def _decode(self, warm: list[_Running]) -> list[tuple[_Running, Tensor]]:
-        lens = [r.kv[0][0].shape[2] for r in warm]
+        kv, mask, lens = left_pad([r.kv for r in warm], 1)
         lmax = max(lens)
-        n_layers = len(warm[0].kv)
-        kv = []
-        for layer in range(n_layers):
-            ks, vs = [], []
-            for r, n in zip(warm, lens):
-                k, v = r.kv[layer]
-                if n < lmax:
-                    pad = k.new_zeros(k.shape[0], k.shape[1], lmax - n, k.shape[3])
-                    k, v = torch.cat([pad, k], 2), torch.cat([pad, v], 2)
-                ks.append(k)
-                vs.append(v)
-            kv.append((torch.cat(ks), torch.cat(vs)))
-        mask = torch.zeros(len(warm), lmax + 1, dtype=torch.long)
-        for i, n in enumerate(lens):
-            mask[i, lmax - n :] = 1
         ids = torch.tensor([[r.traj.token_ids[-1]] for r in warm])
         pos = torch.tensor([[n] for n in lens])
         logits, new, experts = self._forward(ids, mask, pos, kv)

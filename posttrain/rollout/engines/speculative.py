@@ -18,8 +18,8 @@ both models under the weights loaded then; ``update_weights`` swaps the policy, 
 Randomness: a round's draws come from a generator seeded by (seed, attempt, n_tokens at the round's
 start), so a run is reproducible and a pause between rounds does not change the draws.
 
-Batching: requests whose two caches have the same lengths (and the same K this round) share the
-forwards; others run in separate groups (no padding). RL prompts of equal length batch fully.
+Batching: requests with the same K this round and draft lag share the forwards (caches left-padded as the HF engine's,
+a mask, true ``position_ids``); per-request generators make a request's tokens independent of its batch.
 
     from posttrain.rollout.engines.speculative import SpeculativeEngine
     engine = SpeculativeEngine(policy, draft, k=4); engine.submit(requests); out = engine.step()
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,10 +39,9 @@ from torch import Tensor
 
 from posttrain.objectives import speculative
 from posttrain.rollout.engine import QueuedEngine, StepOutput
+from posttrain.rollout.engines.hf import KV, left_pad
 from posttrain.rollout.sampling import draw, sampling_logprobs, token_logprobs_of
 from posttrain.rollout.types import Request, Trajectory
-
-KV = list[tuple[Tensor, Tensor]]
 
 
 @dataclass(frozen=True)
@@ -74,25 +73,19 @@ class _Req:
     """Policy KV covering the fed positions (prompt + tokens[:-1]); None = needs prefill."""
     kv_d: KV | None = None
     """Draft KV; may lag the policy's by one position (all drafts accepted last round)."""
-    rounds: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _kv_len(kv: KV | None) -> int:
     return 0 if not kv else kv[0][0].shape[2]
 
 
-def _crop(kv: KV, n: int) -> KV:
-    return [(k[:, :, :n], v[:, :, :n]) for k, v in kv]
+def _row(kv: KV, i: int, start: int, n: int) -> KV:
+    return [(k[i : i + 1, :, start : start + n], v[i : i + 1, :, start : start + n]) for k, v in kv]
 
 
-def _cat(kvs: list[KV]) -> KV | None:
-    if not kvs[0]:
-        return None
-    return [(torch.cat([kv[i][0] for kv in kvs]), torch.cat([kv[i][1] for kv in kvs])) for i in range(len(kvs[0]))]
-
-
-def _round_seed(seed: int, attempt: int, position: int) -> int:
-    return (seed * 0x9E3779B97F4A7C15 + attempt * 1_000_003 + position * 97_531 + 17) % (2**63 - 1)
+def _round_seed(t: Trajectory) -> int:
+    """A round's seed: (seed, attempt, n_tokens at the round's start)."""
+    return (t.request.params.seed * 0x9E3779B97F4A7C15 + t.attempt * 1_000_003 + t.n_tokens * 97_531 + 17) % (2**63 - 1)
 
 
 class SpeculativeEngine(QueuedEngine):
@@ -141,7 +134,7 @@ class SpeculativeEngine(QueuedEngine):
         """``n_accepted`` of each batched round with a full K (fed to an ``AcceptanceTracker``); emptied by
         ``take_round_log``."""
         self.round_groups: list[tuple[tuple[int, int], tuple[str, ...]]] = []
-        """Per ``round_log`` entry: the group's two KV lengths and its request ids in order, so engines split over
+        """Per ``round_log`` entry: the group's key (draft lag, K) and its request ids in order, so engines split over
         workers can merge their entries into the groups one engine would have batched (``posttrain.ray_actors``)."""
 
     # -- protocol --------------------------------------------------------------------------------------------
@@ -182,13 +175,12 @@ class SpeculativeEngine(QueuedEngine):
             seq = r.traj.prompt_ids + r.traj.token_ids
             out.n_prefilled_tokens += len(seq)
         self._prefill(fresh)
-        groups: dict[tuple[int, int, int], list[_Req]] = {}
+        groups: dict[tuple[int, int], list[_Req]] = {}
         for r in self._running:
-            kk = min(self.k, r.traj.remaining - 1)
-            groups.setdefault((_kv_len(r.kv_p), _kv_len(r.kv_d), kk), []).append(r)
+            groups.setdefault((_kv_len(r.kv_p) - _kv_len(r.kv_d), min(self.k, r.traj.remaining - 1)), []).append(r)
         before = [r.traj.n_tokens for r in self._running]
-        for (_, _, kk), rs in groups.items():
-            self._round(rs, kk)
+        for (lag, kk), rs in groups.items():
+            self._round(rs, kk, lag)
         self.steps += 1
         out.n_decoded = len(self._running)
         out.new_tokens = {r.traj.request_id: r.traj.token_ids[n:] for r, n in zip(self._running, before)}
@@ -196,7 +188,7 @@ class SpeculativeEngine(QueuedEngine):
         return out
 
     # -- internals -------------------------------------------------------------------------------------------
-    def _forward(self, model: torch.nn.Module, ids: Tensor, kv: KV | None) -> tuple[Tensor, KV]:
+    def _forward(self, model: torch.nn.Module, ids: Tensor, kv: KV | None, mask=None, pos=None) -> tuple[Tensor, KV]:  # noqa: ANN001
         from transformers import DynamicCache
 
         cfg = model.config
@@ -204,7 +196,7 @@ class SpeculativeEngine(QueuedEngine):
         rec = self.experts_recorder if model is self.model else None
         if rec is not None:
             rec.begin()
-        o = model(input_ids=ids, cache=cache, use_cache=True)
+        o = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
         self._experts = rec.end() if rec is not None else None
         if model is self.model:
             self.policy_forwards += 1
@@ -239,53 +231,45 @@ class SpeculativeEngine(QueuedEngine):
                 t = r.traj
                 if t.n_tokens:  # resumed: kept tokens' logprobs under the weights loaded now (matched-weights BKL)
                     p0, pr = len(t.prompt_ids) - 1, t.request.params
-                    rows = logits[i, p0 : p0 + t.n_tokens].double()
+                    rows = logits[i, p0 : p0 + t.n_tokens]
                     t.rescore(token_logprobs_of(rows, t.token_ids, pr.temperature, pr.top_p), self._version)
                 r.kv_p = [(k[i : i + 1], v[i : i + 1]) for k, v in kv_p]
                 r.kv_d = [(k[i : i + 1], v[i : i + 1]) for k, v in kv_d]
 
-    def _round(self, rs: list[_Req], kk: int) -> None:
+    def _round(self, rs: list[_Req], kk: int, lag: int) -> None:
         b = len(rs)
         seqs = [r.traj.prompt_ids + r.traj.token_ids for r in rs]
-        n_p = _kv_len(rs[0].kv_p)  # = len(seq) - 1
-        n_d = _kv_len(rs[0].kv_d)
-        gens = []
-        for r in rs:
-            p = r.traj.request.params
-            gens.append(torch.Generator().manual_seed(_round_seed(p.seed, r.traj.attempt, r.traj.n_tokens)))
-        # Draft: catch up on the kept tokens it has not seen, then propose kk tokens one at a time.
-        kv_d = _cat([r.kv_d for r in rs])
-        feed = torch.tensor([s[n_d:] for s in seqs])
+        gens = [torch.Generator().manual_seed(_round_seed(r.traj)) for r in rs]
+
+        def uniforms() -> Tensor:  # one per request, from its own generator
+            return torch.cat([torch.rand(1, generator=g) for g in gens])
+
+        # Draft: catch up on the 1 + lag kept tokens it has not seen, then propose kk tokens one at a time.
+        kv_d, mask, lens_d = left_pad([r.kv_d for r in rs], 1 + lag)
+        feed = torch.tensor([s[len(s) - 1 - lag :] for s in seqs])
+        pos = torch.tensor(lens_d)[:, None] + torch.arange(1 + lag)
         drafts = torch.zeros(b, kk, dtype=torch.long)
         qs = []
         for j in range(kk):
-            logits, kv_d = self._forward(self.draft, feed, kv_d)
-            logq = torch.stack([self._logp(r, logits[i, -1]) for i, r in enumerate(rs)])
-            q = logq.exp()
-            for i in range(b):
-                # Inverse-CDF draw (exact, like multinomial): ~0.2 ms against ~1–3 ms for torch.multinomial on a
-                # 49k-token float64 row, paid K times a round (SmolLM2's vocabulary).
-                drafts[i, j] = draw(logq[i : i + 1], torch.rand(1, generator=gens[i], dtype=torch.float64))[0]
-            qs.append(q)
-            feed = drafts[:, j : j + 1]
+            logits, kv_d = self._forward(self.draft, feed, kv_d, mask, pos)
+            logq = self._logp(rs, logits[:, -1])
+            drafts[:, j] = draw(logq, uniforms())  # inverse CDF: exact, ~10× cheaper than multinomial on 49k tokens
+            qs.append(logq.softmax(dim=-1))  # = exp(logq), fast (see sampling.draw)
+            feed, pos = drafts[:, j : j + 1], pos[:, -1:] + 1
+            mask = None if mask is None else torch.cat([mask, mask.new_ones(b, 1)], dim=1)
         # Policy: last kept token + kk drafts in one forward → kk+1 distributions.
-        kv_p = _cat([r.kv_p for r in rs])
+        kv_p, mask, lens_p = left_pad([r.kv_p for r in rs], kk + 1)
         ids = torch.cat([torch.tensor([[s[-1]] for s in seqs]), drafts], dim=1)
-        logits, kv_p = self._forward(self.model, ids, kv_p)
-        logp = torch.stack(
-            [torch.stack([self._logp(r, logits[i, j]) for j in range(kk + 1)]) for i, r in enumerate(rs)]
-        )
-        p = logp.exp()
-        q = torch.stack(qs, dim=1) if qs else p.new_zeros(b, 0, p.shape[-1])
-        n_acc_all = []
-        for i, r in enumerate(rs):
-            if kk == 0:  # one token left: plain sampling from the policy
-                n_acc, toks = 0, [int(torch.multinomial(p[i, 0].double(), 1, generator=gens[i]))]
-            else:
-                res = self.verifier(drafts[i : i + 1], q[i : i + 1].double(), p[i : i + 1].double(), generator=gens[i])
-                n_acc = int(res.n_accepted[0])
-                toks = res.tokens[0, : n_acc + 1].tolist()
-            n_acc_all.append(n_acc)
+        logits, kv_p = self._forward(self.model, ids, kv_p, mask, torch.tensor(lens_p)[:, None] + torch.arange(kk + 1))
+        logp = self._logp(rs, logits)
+        if kk == 0:  # one token left: plain sampling from the policy
+            zero = torch.zeros(b, dtype=torch.long)
+            res = speculative.Verified(draw(logp[:, 0], uniforms()).unsqueeze(1), zero + 1, zero)
+        else:
+            res = self.verifier(drafts, torch.stack(qs, dim=1), logp.softmax(dim=-1), generator=gens)
+        n_acc_all = res.n_accepted.tolist()
+        for i, (r, n_acc) in enumerate(zip(rs, n_acc_all)):
+            toks = res.tokens[i, : n_acc + 1].tolist()
             self.rounds += 1
             self.proposed += kk
             self.reached += min(n_acc + 1, kk)
@@ -293,20 +277,22 @@ class SpeculativeEngine(QueuedEngine):
             self.emitted += len(toks)
             t = r.traj
             kept = 0
-            for j, tok in enumerate(toks):
-                if t.finished:
-                    break
-                self._append(t, tok, float(logp[i, j, tok]))
+            while kept < len(toks) and not t.finished:
+                self._append(t, toks[kept], float(logp[i, kept, toks[kept]]))
                 kept += 1
-            self._record(t, i, n_p, kept)  # fed this round: the last kept token, then the drafts kept after it
-            # Keep KV of the fed positions only: the kept prefix of seq + accepted drafts.
-            keep = n_p + 1 + n_acc
-            r.kv_p = _crop([(k[i : i + 1], v[i : i + 1]) for k, v in kv_p], keep)
-            r.kv_d = _crop([(k[i : i + 1], v[i : i + 1]) for k, v in kv_d], keep) if kv_d else []
+            self._record(t, i, lens_p[i], kept)  # fed this round: the last kept token, then the drafts kept after it
+            # Keep KV of the fed positions only: the kept prefix of seq + accepted drafts (the draft's may lag by one).
+            keep = lens_p[i] + 1 + n_acc
+            r.kv_p = _row(kv_p, i, max(lens_p) - lens_p[i], keep)
+            if kk:
+                r.kv_d = _row(kv_d, i, max(lens_d) - lens_d[i], keep)
         if kk == self.k:
             self.round_log.append(torch.tensor(n_acc_all))
-            self.round_groups.append(((n_p, n_d), tuple(r.traj.request_id for r in rs)))
+            self.round_groups.append(((lag, kk), tuple(r.traj.request_id for r in rs)))
 
-    def _logp(self, r: _Req, logits: Tensor) -> Tensor:
-        p = r.traj.request.params
-        return sampling_logprobs(logits.double(), p.temperature, p.top_p)
+    def _logp(self, rs: list[_Req], logits: Tensor) -> Tensor:
+        """Float32 sampling log-probs of each row's ``logits`` ``[B, ..., V]`` under its request's temperature/top-p."""
+        params = [(r.traj.request.params.temperature, r.traj.request.params.top_p) for r in rs]
+        if len(set(params)) == 1:
+            return sampling_logprobs(logits, *params[0])
+        return torch.stack([sampling_logprobs(lg, *pr) for lg, pr in zip(logits, params)])

@@ -74,7 +74,8 @@ def chi2_pvalue(counts: dict, probs: dict, n: int) -> float:
 def accept_always(draft_tokens, draft_probs, target_probs, generator=None):
     """Negative control: every draft passes (the output follows the draft, not the policy)."""
     b, k = draft_tokens.shape
-    bonus = torch.multinomial(target_probs[:, k], 1, generator=generator)
+    gens = generator if isinstance(generator, list) else [generator] * b  # the engine passes one per row
+    bonus = torch.stack([torch.multinomial(target_probs[i, k], 1, generator=g) for i, g in enumerate(gens)])
     tokens = torch.cat([draft_tokens, bonus], dim=1)
     n = torch.full((b,), k, dtype=torch.long)
     return speculative.Verified(tokens=tokens, n_emitted=n + 1, n_accepted=n)
@@ -184,6 +185,57 @@ def test_after_weight_sync_tokens_follow_the_new_policy(biased: bool) -> None:
         assert pval < 1e-6
     else:
         assert pval > 1e-3
+
+
+class IdsRecorder:
+    """A stand-in R3 hook: the "route" of a fed position is its input id, so a trajectory's recorded rows must spell
+    its prompt + tokens[:-1] whatever padding its forwards had."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.ids = None
+        model.get_input_embeddings().register_forward_pre_hook(lambda _m, args: setattr(self, "ids", args[0]))
+
+    def begin(self) -> None:
+        self.ids = None
+
+    def end(self) -> torch.Tensor:
+        return self.ids[..., None, None]
+
+
+@torch.no_grad()
+def test_unequal_lengths_share_rounds_and_match_requests_run_alone() -> None:
+    """Prompts of four lengths (one of a single token: empty caches) batch into shared rounds (left-padded caches, a
+    mask, true positions; draft lag 0 and 1): every request gets the tokens, logprobs and R3 rows it gets alone with
+    the same seed, in fewer policy forwards than request rounds."""
+    policy = tiny(0)
+    draft = tiny(0)  # the policy with a noisy head: accepts often enough that some rows run a draft lag of 1
+    gen = torch.Generator().manual_seed(3)
+    draft.lm_head.weight.add_(2 * draft.lm_head.weight.std() * torch.randn(draft.lm_head.weight.shape, generator=gen))
+    rec = IdsRecorder(policy)
+    prompts = [[2], [2, 3, 1], [4, 0, 5, 1, 3], [1, 1]]
+    params = [SamplingParams(max_new_tokens=9, ignore_eos=True, seed=i, return_routed_experts=True) for i in range(4)]
+    reqs = [Request(f"u{i}", p, params[i]) for i, p in enumerate(prompts)]
+
+    def engine(capacity: int) -> SpeculativeEngine:
+        eng = SpeculativeEngine(policy, draft, k=2, capacity=capacity)
+        eng.experts_recorder = rec
+        return eng
+
+    alone = []
+    for r in reqs:
+        eng = engine(1)
+        eng.submit([r])
+        alone += run(eng)
+    eng = engine(4)
+    eng.submit(reqs)
+    batched = sorted(run(eng), key=lambda t: t.request_id)
+    assert [t.token_ids for t in batched] == [t.token_ids for t in alone]
+    for a, t in zip(alone, batched):
+        assert t.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+        assert [row[0][0] for row in t.routed_experts] == (t.prompt_ids + t.token_ids)[:-1]
+    assert 0.05 < eng.acceptance < 0.95  # rows accept different numbers of drafts: their lengths drift apart
+    assert {key for key, _ in eng.round_groups} == {(0, 2), (1, 2)}  # (draft lag, K): both lags ran
+    assert eng.policy_forwards < eng.rounds  # 3 prefills + shared rounds against one forward per request round
 
 
 # -- the same token-law check on the real policy (SmolLM2-135M-Instruct, #40 item 4) -----------------------------------
