@@ -16,7 +16,6 @@ from check_atomic_writes import scan  # noqa: E402  (the one walk over the areas
 
 ALLOWED = ("posttrain/rl/learner.py", "posttrain/fit.py", "pretrain/")
 EXCEPTIONS = {
-    "posttrain/sft.py": "DeepSpeed's engine.backward (ZeRO); not on fit() yet",
     "benchmarks/pretrain_step.py": "times pre-training's step itself",
     "benchmarks/rl_math.py": "times the Eq 29 loss's backward itself",
     "benchmarks/rollout_real.py": "a bare forward/backward step, the baseline the learner is timed against",

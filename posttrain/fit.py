@@ -2,7 +2,7 @@
 
 Used by the lemma agent's behavioural cloning (``lemma/train.py``, the cold start), on-policy distillation's SFT
 warm-up and toy teachers (``rl/distill.py``), the Memory Decoder's base, memory and router (``memdec/train.py``) and
-the online draft (``rl/draft.py``). Not on it: SFT (``sft.py``, DeepSpeed's ``engine.backward``).
+the online draft (``rl/draft.py``) and SFT (``sft.py``, on a DeepSpeed engine).
 
     python -c "from posttrain.fit import FitConfig, fit; from posttrain.tiny.lm import causal_lm; import torch; \
 m = causal_lm(16, 32); x = torch.randint(0, 16, (4, 8)); \
@@ -77,23 +77,29 @@ def fit(
     """One optimizer step per batch of ``loss_fn(model, batch)`` with ``cfg``'s optimizer, or ``optimizers`` (e.g. an
     RL learner's, or restored from a checkpoint: their state carries on) and their ``schedulers`` (stepped after
     each); ``on_step(batch, loss)`` after each step (logs, checkpoints); ``stop(losses)`` ends the fit early.
+    ``model`` may be a DeepSpeed engine: its own backward and step (accumulation, clipping, ZeRO, its schedule).
     Returns the losses; the model is left in eval mode."""
-    if optimizers is None:
+    deepspeed = callable(getattr(model, "backward", None))
+    if optimizers is None and not deepspeed:
         make = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
         optimizers = [make(model.parameters(), lr=cfg.lr)]
     model.train()
     losses: list[float] = []
     for batch in batches:
         loss = loss_fn(model, batch)
-        for o in optimizers:
-            o.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        for o in optimizers:
-            o.step()
-        for s in schedulers:
-            s.step()
+        if deepspeed:
+            model.backward(loss)
+            model.step()
+        else:
+            for o in optimizers or ():
+                o.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            for o in optimizers or ():
+                o.step()
+            for s in schedulers:
+                s.step()
         losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(batch, losses[-1])

@@ -33,7 +33,7 @@ import json
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -385,6 +385,7 @@ def train(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from formats.rundir import RunDir
+    from posttrain.fit import fit
     from posttrain.fit import schedule as lr_schedule
 
     rank, world = setup()
@@ -415,25 +416,30 @@ def train(
         data.load_state_dict(client["data"][rank])
         run.trim(step)
     bar = _bar(cfg.steps, step, progress and rank == 0)
-    rows = []
-    engine.train()
-    while step < cfg.steps:
-        total = torch.zeros(2)
-        for _ in range(cfg.grad_accum):
-            batch = next(data)
-            loss, _ = sft_loss(engine, batch)
-            engine.backward(loss)
-            engine.step()
-            total += torch.stack([loss.detach().float(), (batch["targets"] != IGNORE).sum().float()])
+    rows: list[dict[str, Any]] = []
+    total, micro = torch.zeros(2), 0
+
+    def micro_batches() -> Iterator[dict[str, Any]]:
+        while step < cfg.steps:
+            yield next(data)
+
+    def on_step(batch: dict[str, Any], loss: float) -> None:  # a micro-batch; an optimizer step every grad_accum
+        nonlocal step, total, micro
+        total += torch.tensor([loss, float((batch["targets"] != IGNORE).sum())])
+        micro += 1
+        if micro % cfg.grad_accum:
+            return
         step += 1
         dist.all_reduce(total)
+        mean = total[0].item() / (world * cfg.grad_accum)
         row = {
             "step": step,
-            "loss": total[0].item() / (world * cfg.grad_accum),
+            "loss": mean,
             "target_tokens": int(total[1].item()),
             "lr": engine.get_lr()[0],
             "epoch": data.epoch,
         }
+        total = torch.zeros(2)
         rows.append(row)
         run.log(row)
         bar.update(1)
@@ -444,6 +450,8 @@ def train(
             engine.save_checkpoint(
                 str(run.path / "ckpt"), tag=f"step{step}", client_state={"step": step, "data": gathered}
             )
+
+    fit(engine, micro_batches(), lambda m, b: sft_loss(m, b)[0], on_step=on_step)
     bar.close()
     _save_policy(engine, tokenizer, run.policy, cfg.zero_stage, rank)
     run.close()
