@@ -273,7 +273,7 @@ class RayEngine:
 
     def _merge_rounds(self, rounds: list[tuple[tuple[int, int], tuple[str, ...], list[int]]]) -> None:
         """One step's rounds from every worker → the groups one ``SpeculativeEngine`` holding all these requests
-        would have batched: same KV lengths → one group; groups ordered by their earliest-admitted request (one
+        would have batched: same group key (draft lag, K) → one group; groups ordered by their earliest-admitted request (one
         engine groups its running requests, kept in admission order, by first occurrence); members likewise.
         ``AcceptanceTracker`` folds one EMA update per group, so the grouping, not just the counts, must match."""
         import torch

@@ -72,7 +72,7 @@ def test_speculative_engine_workers_load_the_drivers_draft_and_report_like_one_e
     """Two ``SpeculativeEngine`` workers (the RL run's policy and draft architecture, built on the workers) against
     one in-process engine of twice the capacity: after ``update_draft`` every worker holds the driver's draft at
     its version, the tokens are the same, and the merged verification log, the acceptance and the counters equal
-    the single engine's. Two prompt lengths make several verification groups per step."""
+    the single engine's. Requests whose draft lags by one and those that do not make separate verification groups."""
     if not in_loopback_namespace():
         pytest.skip("Ray binds every interface: run inside `unshare -n sh -c 'ip link set lo up && exec pytest ...'`")
 
