@@ -221,56 +221,49 @@ def _dense_config(config: Any) -> Any:
     return Qwen2Config(**{k: v for k, v in config.to_dict().items() if k in known and k not in drop})
 
 
-def build_draft(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
-    """The speculative draft: ``speculative.draft_path`` or, for the tiny policy, a narrower/shallower Qwen2."""
-    spec = cfg.speculative
-    if spec.draft_path is not None:
+def _side_model(cfg: Any, policy: Any, path: str | None, refusal: str, hidden: int, seed: int, **dims: int) -> Any:
+    """A model beside the policy: ``path`` loaded, or (tiny policy only) a dense Qwen2 on the policy's config with
+    ``hidden`` width (and ``dims``: e.g. ``num_hidden_layers``), seeded with ``policy.seed + seed``."""
+    if path is not None:
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(
-            spec.draft_path, dtype=torch.float32, attn_implementation=cfg.policy.attn_implementation
-        )
+            path, dtype=torch.float32, attn_implementation=cfg.policy.attn_implementation
+        ).eval()
     if cfg.policy.path is not None:
-        raise ValueError("speculative decoding with a policy.path needs speculative.draft_path")
+        raise ValueError(refusal)
     from transformers import Qwen2ForCausalLM
 
     mcfg = _dense_config(policy.config)
-    mcfg.hidden_size = max(8, int(cfg.policy.hidden_size * spec.draft_scale) // 8 * 8)
-    mcfg.intermediate_size = 2 * mcfg.hidden_size
-    mcfg.num_hidden_layers = max(1, int(cfg.policy.num_layers * spec.draft_scale))
-    if hasattr(mcfg, "layer_types"):
+    mcfg.hidden_size, mcfg.intermediate_size = hidden, 2 * hidden
+    for k, v in dims.items():
+        setattr(mcfg, k, v)
+    if "num_hidden_layers" in dims and hasattr(mcfg, "layer_types"):
         mcfg.layer_types = mcfg.layer_types[: mcfg.num_hidden_layers]
-    torch.manual_seed(cfg.policy.seed + 1)
+    torch.manual_seed(cfg.policy.seed + seed)
     return Qwen2ForCausalLM(mcfg).float().eval()
+
+
+def build_draft(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
+    """The speculative draft: ``speculative.draft_path`` or, for the tiny policy, a narrower/shallower Qwen2."""
+    spec, p = cfg.speculative, cfg.policy
+    refusal = "speculative decoding with a policy.path needs speculative.draft_path"
+    hidden = max(8, int(p.hidden_size * spec.draft_scale) // 8 * 8)
+    layers = max(1, int(p.num_layers * spec.draft_scale))
+    return _side_model(cfg, policy, spec.draft_path, refusal, hidden, 1, num_hidden_layers=layers)
 
 
 def build_fused(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
     """``FusedLM(policy, memory, router)`` (Eq 3 rollouts): the memory from ``memdec.memory`` (``scifolio memdec
     train``'s directory) or, for the tiny policy, a random half-width Qwen2 on its vocabulary; the router from
     ``memdec.router`` or untrained."""
-    from posttrain.memdec.fused import FusedLM
+    from posttrain.memdec.fused import FusedLM, load_router
     from posttrain.objectives.memory_decoder import Router, RouterConfig
 
     m = cfg.memdec
-    if m.memory is not None:
-        from transformers import AutoModelForCausalLM
-
-        memory = AutoModelForCausalLM.from_pretrained(
-            m.memory, dtype=torch.float32, attn_implementation=cfg.policy.attn_implementation
-        ).eval()
-    elif cfg.policy.path is not None:
-        raise ValueError("the fused engine with a policy.path needs memdec.memory (a trained memory directory)")
-    else:
-        from transformers import Qwen2ForCausalLM
-
-        mcfg = _dense_config(policy.config)
-        mcfg.hidden_size = max(8, cfg.policy.hidden_size // 2 // 8 * 8)
-        mcfg.intermediate_size = 2 * mcfg.hidden_size
-        torch.manual_seed(cfg.policy.seed + 2)
-        memory = Qwen2ForCausalLM(mcfg).float().eval()
+    refusal = "the fused engine with a policy.path needs memdec.memory (a trained memory directory)"
+    memory = _side_model(cfg, policy, m.memory, refusal, max(8, cfg.policy.hidden_size // 2 // 8 * 8), 2)
     if m.router is not None:
-        from posttrain.memdec.fused import load_router
-
         router = load_router(m.router)
     else:
         router = Router(RouterConfig(policy.config.hidden_size, memory.config.hidden_size))
