@@ -23,13 +23,14 @@ from __future__ import annotations
 import copy
 import functools
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from formats.records import Dropped
-from posttrain.fit import FitConfig, fit
+from posttrain.fit import FitConfig
 from posttrain.lemma.agent import AgentConfig, LemmaAgent, Trace
 from posttrain.lemma.bc import BCExample, collate, examples_from_traces, solved
 from posttrain.lemma.credit import batch_metrics
@@ -40,7 +41,7 @@ from posttrain.lemma.verifiers import NoisyVerifier, make_verifier
 from posttrain.rl import engines
 from posttrain.rl.engines import EngineConfig, PolicyConfig
 from posttrain.rl.learner import Learner, LearnerConfig
-from posttrain.rl.loop import Stage, run_stage
+from posttrain.rl.loop import Stage, Warmup, run_stage
 from posttrain.rollout.scheduler import Batch
 
 
@@ -272,18 +273,18 @@ class LemmaStage(Stage):
         traces = LemmaAgent(caller, verifier, cfg.agent).solve(rows)
         return examples_from_traces(traces, cfg.reward), traces
 
-    def warmup(self) -> dict[str, Any] | None:
+    def warmup(self) -> Warmup | None:
         cs = self.cfg.cold_start
         if not cs.enabled:
             return None
         examples, traces = self.bc_examples()
         if not examples:
             raise RuntimeError("cold start: the scripted reasoner solved no training question")
-        model, pad = self.learner.model, self.tokenizer.pad_token_id or 0
+        pad = self.tokenizer.pad_token_id or 0
         gen = torch.Generator().manual_seed(self.cfg.seed)
         per_epoch = -(-len(examples) // cs.batch_size)
 
-        def batches():  # shuffled passes over the examples, weighted masked CE (``bc.collate``)
+        def batches() -> Iterator[dict[str, torch.Tensor]]:  # shuffled passes, weighted masked CE (``bc.collate``)
             for _ in range(cs.epochs):
                 order = torch.randperm(len(examples), generator=gen).tolist()
                 for i in range(0, len(order), cs.batch_size):
@@ -296,21 +297,20 @@ class LemmaStage(Stage):
                 and sum(losses[-per_epoch:]) / per_epoch <= cs.loss_target
             )
 
-        losses = fit(model, batches(), cfg=FitConfig(lr=cs.lr, grad_clip=1.0), stop=done)
-        epochs = -(-len(losses) // per_epoch)
-        if self.learner.reference is not None:  # KL β anchors RL to the cloned policy, not the random one
-            self.learner.reference = copy.deepcopy(model).eval().requires_grad_(False)
-        self.sync()
-        n_solved = sum(solved(t) for t in traces)
-        return {
-            "bc_examples": len(examples),
-            "bc_tokens": sum(sum(e.loss_mask) for e in examples),
-            "bc_scripted_solved": n_solved / len(traces),
-            "bc_loss_first": losses[0],
-            "bc_loss_last": losses[-1],
-            "bc_updates": len(losses),
-            "bc_epochs": epochs,
-        }
+        def after(losses: list[float]) -> dict[str, Any]:
+            if self.learner.reference is not None:  # KL β anchors RL to the cloned policy, not the random one
+                self.learner.reference = copy.deepcopy(self.learner.model).eval().requires_grad_(False)
+            return {
+                "bc_examples": len(examples),
+                "bc_tokens": sum(sum(e.loss_mask) for e in examples),
+                "bc_scripted_solved": sum(solved(t) for t in traces) / len(traces),
+                "bc_loss_first": losses[0],
+                "bc_loss_last": losses[-1],
+                "bc_updates": len(losses),
+                "bc_epochs": -(-len(losses) // per_epoch),
+            }
+
+        return Warmup(batches(), after, cfg=FitConfig(lr=cs.lr, grad_clip=1.0), stop=done)
 
     # -- the RL step ----------------------------------------------------------------------------------------
     def collect(self) -> Batch:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import copy
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ from posttrain.objectives.policy_loss import ClipConfig
 from posttrain.rl import engines
 from posttrain.rl.engines import EngineConfig, PolicyConfig
 from posttrain.rl.learner import pack, padded, token_logprobs
-from posttrain.rl.loop import Stage, run_stage
+from posttrain.rl.loop import Stage, Warmup, run_stage
 from posttrain.rl.task import prompt_ids
 from posttrain.rl.teachers import TeacherConfig, TeacherScorer
 from posttrain.rollout.engine import run_all
@@ -388,12 +388,25 @@ class DistillStage(Stage):
         self._step = 0
 
     # -- the driver's stage protocol ----------------------------------------------------------------------------
-    def warmup(self) -> dict[str, Any]:
-        """Step 0: the held-out reverse KL before OPD (after the optional SFT warm-up on teacher samples)."""
-        row: dict[str, Any] = {}
-        if self.cfg.sft_steps:
-            row["sft_loss"] = self.sft_warmup()[-1]
-        return {**row, **self.evaluate()}
+    def warmup(self) -> Warmup:
+        """``sft_steps`` steps of student CE on teacher-sampled trajectories (each domain's own teacher), with the
+        learner's optimizers; step 0 is the held-out reverse KL before OPD (and the last SFT loss)."""
+
+        def teacher_samples() -> Iterator[Any]:
+            for s in range(self.cfg.sft_steps):
+                trajs = []
+                for d, teacher in self.teachers.items():
+                    ps = {d: self.source.draw(d, self.cfg.queries_per_domain)}
+                    trajs += run_all(HFEngine(teacher, capacity=256), self._requests(f"sft{s}", ps, 1, 10**6 * s))
+                yield pack(trajs)
+
+        def nll(model: torch.nn.Module, p: Any) -> Tensor:
+            return -(token_logprobs(model, p) * p.response_mask).sum() / p.response_mask.sum()
+
+        def after(losses: list[float]) -> dict[str, Any]:
+            return {**({"sft_loss": losses[-1]} if losses else {}), **self.evaluate()}
+
+        return Warmup(teacher_samples(), after, loss=nll, learner_optimizers=True)
 
     def collect(self) -> Batch:
         cfg = self.cfg
@@ -470,24 +483,6 @@ class DistillStage(Stage):
             lp = self.scorer.run_batch(p.input_ids[idx], p.attention_mask[idx], self.teachers[name])  # [n, L]
             answers[name] = lp.gather(1, p.positions[idx] + 1)  # the sampled token's logprob only
         return DomainRouter.assemble(routed, answers, tuple(p.tokens.shape)), routed.weights
-
-    def sft_warmup(self) -> list[float]:
-        """Student CE on teacher-sampled trajectories (each domain's own teacher), ``sft_steps`` steps."""
-
-        def teacher_samples():
-            for s in range(self.cfg.sft_steps):
-                trajs = []
-                for d, teacher in self.teachers.items():
-                    ps = {d: self.source.draw(d, self.cfg.queries_per_domain)}
-                    trajs += run_all(HFEngine(teacher, capacity=256), self._requests(f"sft{s}", ps, 1, 10**6 * s))
-                yield pack(trajs)
-
-        def nll(model: torch.nn.Module, p: Any) -> Tensor:
-            return -(token_logprobs(model, p) * p.response_mask).sum() / p.response_mask.sum()
-
-        losses = fit(self.student, teacher_samples(), nll, optimizers=self.learner.optimizers)
-        self.sync()
-        return losses
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

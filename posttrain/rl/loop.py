@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from formats.rundir import RunDir
+from posttrain.fit import FitConfig, fit, masked_ce
 from posttrain.rl import engines
 from posttrain.rl.draft import DraftTrainer
 from posttrain.rl.learner import Learner
@@ -58,6 +59,32 @@ def sampling_params(cfg: RLConfig, tokenizer: Any) -> SamplingParams:
     )
 
 
+@dataclasses.dataclass
+class Warmup:
+    """A stage's warm-up described as data: the driver fits the learner's model on ``batches`` with ``loss``
+    (``posttrain.fit``: ``cfg``'s fresh optimizer, or the learner's own with ``learner_optimizers`` so their state
+    carries into RL) until ``stop(losses)``, loads the weights into the engine, and logs ``after(losses)`` as step 0
+    (where a stage resets its KL reference or evaluates). Runs once, in a fresh run only."""
+
+    batches: Iterable[Any]
+    after: Callable[[list[float]], dict[str, Any]]
+    loss: Callable[[torch.nn.Module, Any], torch.Tensor] = masked_ce
+    cfg: FitConfig = FitConfig()
+    learner_optimizers: bool = False
+    stop: Callable[[list[float]], bool] | None = None
+
+
+def warm_up(stage: Stage) -> dict[str, Any] | None:
+    """Run ``stage.warmup()`` (None: the stage has none); returns its step-0 row."""
+    if (w := stage.warmup()) is None:
+        return None
+    opt = stage.learner.optimizers if w.learner_optimizers else None
+    losses = fit(stage.learner.model, w.batches, w.loss, w.cfg, optimizers=opt, stop=w.stop)
+    if losses:
+        stage.sync()
+    return w.after(losses)
+
+
 class Stage:
     """A recipe of the driver: what feeds the learner and how it learns. ``posttrain rl`` (``RLStage``: the
     partial-rollout scheduler over a verifiable task), ``posttrain agentic`` (harness sessions through the gateway,
@@ -76,8 +103,8 @@ class Stage:
     def config(self) -> dict[str, Any]:
         return dataclasses.asdict(self.cfg)
 
-    def warmup(self) -> dict[str, Any] | None:
-        """Work before the first step of a fresh run (an SFT warm-up); its row is logged as step 0."""
+    def warmup(self) -> Warmup | None:
+        """Training before the first step of a fresh run (an SFT warm-up, behavioural cloning), as data."""
         return None
 
     def collect(self) -> Batch:
@@ -128,7 +155,7 @@ def run_stage(
             stage.load_state_dict(state["stage"])
             run_dir.trim(start)
         run_dir.write_config(stage.config())
-        if not resume and (warm := stage.warmup()) is not None:
+        if not resume and (warm := warm_up(stage)) is not None:
             run_dir.log({"step": 0, **warm})
         bar = _bar(progress, stage.steps, start, stage.name)
         postfix: dict[str, str] = {}

@@ -113,6 +113,7 @@ def test_cold_start_stops_at_its_loss_target_and_short_prompts_are_shorter() -> 
 
     from posttrain.lemma.roles import RolePrompt
     from posttrain.lemma.train import ColdStartConfig, LemmaStage, TaskConfig, debug
+    from posttrain.rl.loop import warm_up
 
     cfg = debug()
     assert cfg.prompts == "short" and cfg.cold_start.loss_target > 0  # the debug recipe as documented
@@ -125,7 +126,7 @@ def test_cold_start_stops_at_its_loss_target_and_short_prompts_are_shorter() -> 
         cold_start=ColdStartConfig(rollouts=2, epochs=5, loss_target=50.0),  # any first pass is below 50 nats
     )
     stage = LemmaStage(small)
-    bc = stage.warmup()
+    bc = warm_up(stage)  # the driver's step 0: fit on the stage's warm-up, sync, its row
     assert bc is not None and bc["bc_epochs"] == 1 and bc["bc_updates"] >= 1
     p = RolePrompt("reasoner", "PROBLEM: x\nMEMORY:\n(empty)\n", "p0", 0)
     short = stage.caller.render(p)
