@@ -21,7 +21,7 @@ is captured in the store, parsed whole (``parse_output``), and only then are the
 usage sent. A harness's time to first token is the engine's, not the whole call's. A failure after the stream
 began ends it with the protocol's own error event (``Protocol.stream_error``, framed by ``protocols.sse``).
 
-Serve a model:  ``python -m posttrain.agentic.gateway --model DIR --port 8000``
+Serve a model:  ``scifolio posttrain gateway --model DIR --port 8000`` (flags in ``pipelines/cli/posttrain.py``)
 (``DIR`` holds a causal LM and a tokenizer with a chat template, e.g. ``tiny.write_tiny_agentic``).
 """
 
@@ -403,19 +403,6 @@ def serve_gateway(
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--traces", default=None, help="SQLite file for the trace store")
-    p.add_argument("--api-keys", default=None, help="allowed keys → session prefixes (posttrain/agentic/guard.py)")
-    a = p.parse_args(argv)
-    return serve_gateway(a.model, a.host, a.port, a.traces, a.api_keys)
-
-
 class ServerThread:
     """uvicorn on 127.0.0.1 and a free port, in a daemon thread (tests, benchmarks, in-process harnesses).
 
@@ -449,7 +436,3 @@ class ServerThread:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
