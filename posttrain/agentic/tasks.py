@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain import toolcall
+from posttrain.agentic.chat import canonical_tool
 from posttrain.agentic.jail import (
     JailUnavailable,
     SandboxConfig,
@@ -253,35 +254,17 @@ def coding_tasks() -> list[Task]:
 
 
 # -- a harness with its own loop -----------------------------------------------------------------------
+_PATH = {"path": {"type": "string"}}
 HARNESS_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "write_file",
-            "description": "Write a file in the repository",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                "required": ["path", "content"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file of the repository",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "run_tests",
-            "description": "Run the repository's visible tests",
-            "parameters": {"type": "object", "properties": {}},
-        },
-    },
+    canonical_tool(
+        "write_file",
+        "Write a file in the repository",
+        {"type": "object", "properties": {**_PATH, "content": {"type": "string"}}, "required": ["path", "content"]},
+    ),
+    canonical_tool(
+        "read_file", "Read a file of the repository", {"type": "object", "properties": _PATH, "required": ["path"]}
+    ),
+    canonical_tool("run_tests", "Run the repository's visible tests", None),
 ]
 
 
@@ -322,17 +305,15 @@ class SimpleHarness:
 
     def _tool(self, workdir: Path, name: str, args: dict[str, Any]) -> tuple[str, bool]:
         try:
-            if name == "write_file":
+            if name in ("write_file", "read_file"):
                 target = (workdir / args["path"]).resolve()
                 if workdir.resolve() not in target.parents:
                     return "Error: path outside the repository", True
+            if name == "write_file":
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(args["content"])
                 return f"wrote {args['path']}", False
             if name == "read_file":
-                target = (workdir / args["path"]).resolve()
-                if workdir.resolve() not in target.parents:
-                    return "Error: path outside the repository", True
                 return target.read_text(), False
             if name == "run_tests":
                 files = sorted(p.name for p in workdir.glob("test_*.py"))

@@ -281,21 +281,9 @@ class TraceStore:
                 protocol=protocol,
                 meta=meta,
             )
+            row = {**c, "seq": seq, "meta": json.dumps(meta)}
             self.db.execute(
-                "INSERT INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    call_id,
-                    seq,
-                    session,
-                    tree,
-                    ctx_node,
-                    resp.id,
-                    prompt_len,
-                    len(ids),
-                    finish,
-                    protocol,
-                    json.dumps(meta),
-                ),
+                f"INSERT INTO calls ({','.join(row)}) VALUES ({','.join('?' * len(row))})", tuple(row.values())
             )
             if fork is not None:
                 fork = {**fork, "call_id": call_id}
@@ -347,25 +335,19 @@ class TraceStore:
         spans, calls, v, k = [], [], 0, 0
         by_resp = {self.calls[cid]["response_node"]: cid for cid in self.session_calls[session]}
         for n in self.path(last["response_node"]):
-            start = len(out["token_ids"])
+            start, size, resp = len(out["token_ids"]), len(n.token_ids), n.kind == RESPONSE
+            train = resp and not n.skip
             out["token_ids"] += n.token_ids
-            if n.kind == RESPONSE:
-                train = not n.skip
-                out["loss_mask"] += [int(train)] * len(n.token_ids)
-                out["labels"] += list(n.token_ids) if train else [-100] * len(n.token_ids)
-                out["logprobs"] += n.logprobs
-                out["versions"] += n.versions
-                out["segment_ids"] += [k if train else -1] * len(n.token_ids)
-                k += int(train)
+            out["loss_mask"] += [int(train)] * size
+            out["labels"] += list(n.token_ids) if train else [-100] * size
+            out["logprobs"] += n.logprobs if resp else [0.0] * size
+            out["versions"] += n.versions if resp else [v] * size
+            out["segment_ids"] += [k if train else -1] * size
+            k += int(train)
+            if resp:
                 v = n.versions[-1] if n.versions else v
                 spans.append((start, len(out["token_ids"])))
                 calls.append(by_resp.get(n.id))
-            else:
-                out["loss_mask"] += [0] * len(n.token_ids)
-                out["labels"] += [-100] * len(n.token_ids)
-                out["logprobs"] += [0.0] * len(n.token_ids)
-                out["versions"] += [v] * len(n.token_ids)
-                out["segment_ids"] += [-1] * len(n.token_ids)
         return {**out, "spans": spans, "calls": calls, "n_segments": k}
 
     def session_trajectory(self, session: str, reward: float) -> Trajectory:
