@@ -195,13 +195,8 @@ class QueuedEngine:
 
     def _retire(self, out: StepOutput) -> None:
         """Hand the running entries whose trajectory finished this step to ``out.finished``; keep the rest."""
-        keep = []
-        for r in self._running:
-            if r.traj.finished:
-                out.finished.append(r.traj)
-            else:
-                keep.append(r)
-        self._running = keep
+        out.finished += [r.traj for r in self._running if r.traj.finished]
+        self._running = [r for r in self._running if not r.traj.finished]
 
     def _load_weights(self, model: Any, state: Mapping[str, Any]) -> None:
         """Load a (full or partial) state dict into ``model`` between pause and resume; unknown names raise."""

@@ -233,10 +233,10 @@ class PartialRolloutScheduler:
         """Incomplete groups: id → {"prompt": Prompt, "done": {request_id: Trajectory}}."""
         self._paused: list[Trajectory] = []
         self._restarted: set[str] = set()
+        """Request ids restarted after a stale discard and not finished yet."""
         self._dropped: list[Dropped] = []
         self._carry: list[list[Trajectory]] = []
         """Complete groups beyond ``batch_target`` (trained at the next step; batches keep a fixed size)."""
-        """Request ids restarted after a stale discard and not finished yet."""
         self.totals = dict.fromkeys(_TOTAL_KEYS, 0)
         self.on_drop: Callable[[int, int], None] | None = None
         """Called at every dropped group with (groups dropped this run, dropped in a row): the progress bar."""
@@ -260,7 +260,7 @@ class PartialRolloutScheduler:
         for members in carried:  # complete groups left over from the last batch: re-checked for staleness
             self._complete(members, ready)
         steps = 0
-        while len(ready) < cfg.batch_target or (cfg.finish_restarted and self._restarted_in_flight()):
+        while len(ready) < cfg.batch_target or (cfg.finish_restarted and self._restarted):
             if len(ready) < cfg.batch_target:  # while only draining restarted ones, admit no new prompts
                 self._fill(len(ready))
             out = self.engine.step()
@@ -295,15 +295,12 @@ class PartialRolloutScheduler:
         return list(self._paused)
 
     # -- internals ------------------------------------------------------------------------------------
-    def _lag(self, t: Trajectory) -> int:
-        oldest = t.oldest_version()
-        return 0 if oldest is None else self.version - oldest
-
     def _stale(self, t: Trajectory) -> bool:
         """Discard (restart) it? Pinned restarted trajectories are masked at train time instead."""
         if self.config.pin_restarted and t.attempt > 0:
             return False
-        return self._lag(t) > self.config.max_stale
+        oldest = t.oldest_version()
+        return (0 if oldest is None else self.version - oldest) > self.config.max_stale
 
     def _mask_stale_tokens(self, t: Trajectory) -> None:
         floor = self.version - self.config.max_stale
@@ -313,9 +310,6 @@ class PartialRolloutScheduler:
             if t.loss_mask[i]:
                 t.loss_mask[i] = 0
                 self.totals["stale_masked_tokens"] += 1
-
-    def _restarted_in_flight(self) -> bool:
-        return bool(self._restarted)
 
     def _discard(self, t: Trajectory) -> None:
         self.totals["discarded_trajectories"] += 1
@@ -445,14 +439,7 @@ class PartialRolloutScheduler:
             "next_group": self._next_group,
             "source": self.source.state_dict(),
             "groups": {
-                gid: {
-                    "prompt": {
-                        "prompt_id": g["prompt"].prompt_id,
-                        "prompt_ids": g["prompt"].prompt_ids,
-                        "meta": g["prompt"].meta,
-                    },
-                    "done": [t.to_dict() for t in g["done"].values()],
-                }
+                gid: {"prompt": asdict(g["prompt"]), "done": [t.to_dict() for t in g["done"].values()]}
                 for gid, g in self._groups.items()
             },
             "paused": [t.to_dict() for t in self._paused],

@@ -190,13 +190,7 @@ class HFEngine(QueuedEngine):
             return
         if experts is None:
             raise RuntimeError(f"{traj.request_id} asks for routed experts but the engine has no experts_recorder")
-        have = len(traj.routed_experts)
-        for p in range(start, stop):
-            row = experts[0, p - start + offset].tolist()
-            if p < have:
-                traj.routed_experts[p] = row
-            else:
-                traj.routed_experts.append(row)
+        traj.routed_experts[start:stop] = experts[0, offset : offset + stop - start].tolist()
 
     def _sample(self, rows: list[tuple[_Running, Tensor]]) -> None:
         # One sampling transform per (temperature, top_p) among the rows, one inverse-CDF draw for all of them.
@@ -207,16 +201,11 @@ class HFEngine(QueuedEngine):
         logits = torch.stack([lg for _, lg in rows])
         for (temperature, top_p), idx in by_params.items():
             logp = sampling_logprobs(logits[idx], temperature, top_p)
+            trajs = [rows[i][0].traj for i in idx]
             u = torch.tensor(
-                [
-                    token_uniform(
-                        rows[i][0].traj.request.params.seed, rows[i][0].traj.attempt, rows[i][0].traj.n_tokens
-                    )
-                    for i in idx
-                ],
-                dtype=torch.float64,
+                [token_uniform(t.request.params.seed, t.attempt, t.n_tokens) for t in trajs], dtype=torch.float64
             )
             toks = draw(logp, u)
             chosen = logp.gather(-1, toks.unsqueeze(-1)).squeeze(-1)
-            for i, tok, lp in zip(idx, toks.tolist(), chosen.tolist()):
-                self._append(rows[i][0].traj, tok, lp)
+            for t, tok, lp in zip(trajs, toks.tolist(), chosen.tolist()):
+                self._append(t, tok, lp)

@@ -171,9 +171,7 @@ class SpeculativeEngine(QueuedEngine):
         if not self._running:
             return out
         fresh = [r for r in self._running if r.kv_p is None]
-        for r in fresh:
-            seq = r.traj.prompt_ids + r.traj.token_ids
-            out.n_prefilled_tokens += len(seq)
+        out.n_prefilled_tokens += sum(len(r.traj.prompt_ids) + r.traj.n_tokens for r in fresh)
         self._prefill(fresh)
         groups: dict[tuple[int, int], list[_Req]] = {}
         for r in self._running:

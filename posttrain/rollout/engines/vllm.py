@@ -352,11 +352,9 @@ class VLLMEngine:
         self._run(self._llm.pause_generation(mode="keep", clear_cache=True))
         self._drain(block=False, finished=self._finished_late, new_tokens=self._new_late)
         self._paused = True
-        out = []
         for launch in self._launches.values():
-            t = launch.traj
-            self._parked[t.request_id] = (launch, t.n_tokens, t.attempt)
-            out.append(t)
+            self._parked[launch.traj.request_id] = (launch, launch.traj.n_tokens, launch.traj.attempt)
+        out = [launch.traj for launch in self._launches.values()]
         self._launches = {}
         # Outputs still in flight from before the freeze are ignored (their request is parked); a kept request's
         # next CUMULATIVE output repeats them, with the versions vLLM stamped when they were sampled.
@@ -367,12 +365,10 @@ class VLLMEngine:
         hit = [launch for launch in self._launches.values() if launch.traj.request_id in ids]
         if hit:
             self._run(self._llm.abort([launch.vllm_id for launch in hit]))
-        out = []
         for launch in hit:
             self._launches.pop(launch.vllm_id, None)
             launch.traj.finish_reason = FINISH_ABORT
-            out.append(launch.traj)
-        return out
+        return [launch.traj for launch in hit]
 
     def update_weights(self, state: Mapping[str, Any], version: int) -> None:
         if self._launches:
