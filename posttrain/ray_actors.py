@@ -65,7 +65,7 @@ def shutdown_ray() -> None:
 
 
 class _EngineHost:
-    """One rollout engine living in a Ray worker process."""
+    """One rollout engine living in a Ray worker process; ``call(method, *args)`` runs one of its methods there."""
 
     def __init__(self, factory: EngineFactory, torch_threads: int = 1) -> None:
         import torch
@@ -78,14 +78,8 @@ class _EngineHost:
         node = ray.get_runtime_context().get_node_id()
         return e.version, e.capacity, e.n_active, node, hasattr(e, "update_draft")
 
-    def submit(self, requests: list[Request]) -> None:
-        self.engine.submit(requests)
-
-    def resume(self, trajectories: list[Trajectory]) -> None:
-        self.engine.resume(trajectories)
-
-    def step(self) -> StepOutput:
-        return self.engine.step()
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.engine, method)(*args)
 
     def step_rounds(self) -> tuple[StepOutput, list[tuple[tuple[int, int], tuple[str, ...], list[int]]]]:
         """A speculative engine's step plus the verification rounds it logged: (KV lengths, ids, n_accepted)."""
@@ -93,18 +87,6 @@ class _EngineHost:
         groups = self.engine.round_groups
         log = self.engine.take_round_log()
         return out, [(key, ids, n.tolist()) for (key, ids), n in zip(groups, log, strict=True)]
-
-    def pause(self) -> list[Trajectory]:
-        return self.engine.pause()
-
-    def abort(self, request_ids: list[str]) -> list[Trajectory]:
-        return self.engine.abort(request_ids)
-
-    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
-        self.engine.update_weights(state, version)
-
-    def update_draft(self, state: Mapping[str, Any], version: int) -> None:
-        self.engine.update_draft(state, version)
 
     def spec_stats(self) -> dict[str, int]:
         """A speculative engine's cumulative counters and the draft version it holds."""
@@ -183,14 +165,13 @@ class RayEngine:
             outs = [o for o, _ in results]
             self._merge_rounds([r for _, rounds in results for r in rounds])
         else:
-            outs = ray.get([self.workers[i].step.remote() for i in busy])
+            outs = ray.get([self.workers[i].call.remote("step") for i in busy])
         merged = StepOutput()
         for i, o in zip(busy, outs, strict=True):
             merged.n_decoded += o.n_decoded
             merged.n_prefilled_tokens += o.n_prefilled_tokens
             merged.new_tokens.update(o.new_tokens)  # request ids are unique across workers
-            for t in o.finished:
-                self._release(i, t.request_id)
+            self._held[i].difference_update(t.request_id for t in o.finished)
             merged.finished += o.finished
         merged.finished.sort(key=self._order)
         for t in merged.finished:
@@ -199,7 +180,7 @@ class RayEngine:
         return merged
 
     def pause(self) -> list[Trajectory]:
-        outs = ray.get([w.pause.remote() for w in self.workers])
+        outs = ray.get([w.call.remote("pause") for w in self.workers])
         paused = sorted((t for out in outs for t in out), key=self._order)
         self._held = [set() for _ in self.workers]
         self._admitted.clear()
@@ -208,30 +189,24 @@ class RayEngine:
     def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
         ids = set(request_ids)
         calls = [(i, sorted(h & ids)) for i, h in enumerate(self._held) if h & ids]
-        outs = ray.get([self.workers[i].abort.remote(sub) for i, sub in calls])
+        outs = ray.get([self.workers[i].call.remote("abort", sub) for i, sub in calls])
         aborted = sorted((t for out in outs for t in out), key=self._order)
         for i, sub in calls:
+            self._held[i].difference_update(sub)
             for rid in sub:
-                self._release(i, rid)
                 self._admitted.pop(rid, None)
         return aborted
 
     def update_weights(self, state: Mapping[str, Any] | ray.ObjectRef, version: int) -> None:
         """Put the weights in the object store once (or take a ref already there); every worker loads them."""
-        if self.n_active:
-            raise RuntimeError("update_weights while requests are held: pause() first")
-        ref = state if isinstance(state, ray.ObjectRef) else ray.put(dict(state))
-        ray.get([w.update_weights.remote(ref, int(version)) for w in self.workers])
+        self._broadcast("update_weights", state, version)
         self._version = int(version)
 
     # -- speculative workers -------------------------------------------------------------------------------------
     def update_draft(self, state: Mapping[str, Any] | ray.ObjectRef, version: int) -> None:
-        """The draft's weights into the object store once (or a ref already there); every worker loads them."""
+        """The draft's weights, sent as ``update_weights`` sends the policy's."""
         self._need_speculative("update_draft")
-        if self.n_active:
-            raise RuntimeError("update_draft while requests are held: pause() first")
-        ref = state if isinstance(state, ray.ObjectRef) else ray.put(dict(state))
-        ray.get([w.update_draft.remote(ref, int(version)) for w in self.workers])
+        self._broadcast("update_draft", state, version)
 
     def take_round_log(self) -> list[Any]:
         """The merged verification outcomes since the last call (``n_accepted`` tensors, one per batched group)."""
@@ -289,10 +264,13 @@ class RayEngine:
         return self._admitted.get(request_id, 1 << 62)
 
     def _order(self, t: Trajectory) -> int:
-        return self._admitted.get(t.request_id, 1 << 62)
+        return self._order_id(t.request_id)
 
-    def _release(self, worker: int, request_id: str) -> None:
-        self._held[worker].discard(request_id)
+    def _broadcast(self, method: str, state: Mapping[str, Any] | ray.ObjectRef, version: int) -> None:
+        if self.n_active:
+            raise RuntimeError(f"{method} while requests are held: pause() first")
+        ref = state if isinstance(state, ray.ObjectRef) else ray.put(dict(state))
+        ray.get([w.call.remote(method, ref, int(version)) for w in self.workers])
 
     def _place(self, items: list[Request] | list[Trajectory], method: str) -> None:
         """Give each item to the worker with the most free slots (lowest index on ties), in order."""
@@ -304,7 +282,7 @@ class RayEngine:
             self._admitted[rid] = self._counter
             self._counter += 1
             batches[i].append(item)
-        ray.get([getattr(self.workers[i], method).remote(b) for i, b in enumerate(batches) if b])
+        ray.get([self.workers[i].call.remote(method, b) for i, b in enumerate(batches) if b])
 
 
 def ray_rollout_engine(factory: EngineFactory, n_workers: int, num_cpus: float = 1) -> RayEngine:
