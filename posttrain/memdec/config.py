@@ -51,8 +51,6 @@ class DatastoreConfig:
     """Temperature τ of Eq 1, in units of Milvus' squared-L2 distance."""
     exclude_self: bool = True
     """Drop a training position's own key from its neighbours (else the target collapses onto the gold token)."""
-    search_batch: int = 256
-    """Queries per Milvus search call when precomputing targets."""
 
 
 @dataclass(frozen=True)

@@ -231,10 +231,8 @@ def write_knn_targets(
             part = examples[start : start + batch_examples]
             ids, keys, _ = encode_keys(base, part, pad_id) if encode is None else encode(part)
             nb = store.search(keys, k + 1 if exclude_self else k)
-            if exclude_self:  # the query's own key is among the results; the remaining top k vote
-                p = knn_from_neighbours(_drop_self(nb, ids, k), vocab_size, tau)
-            else:
-                p = knn_from_neighbours(nb, vocab_size, tau)
+            # with exclude_self the query's own key is among the results; the remaining top k vote
+            p = knn_from_neighbours(_drop_self(nb, ids, k) if exclude_self else nb, vocab_size, tau)
             tokens, probs = sparse_top(p, k)
             rows = {"index": [], "ids": [], "answer_start": [], "knn_tokens": [], "knn_probs": []}
             off = 0

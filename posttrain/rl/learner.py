@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
@@ -90,17 +90,7 @@ class Packed:
         return Packed(*tensors, routes=routes)
 
 
-_TENSOR_FIELDS = (
-    "input_ids",
-    "attention_mask",
-    "positions",
-    "tokens",
-    "response_mask",
-    "behaviour",
-    "versions",
-    "matched",
-    "matched_mask",
-)
+_TENSOR_FIELDS = tuple(f.name for f in fields(Packed) if f.name != "routes")
 
 
 def pack(trajs: list[Trajectory], version: int | None = None) -> Packed:
@@ -221,16 +211,12 @@ class Learner:
         if batch.advantages is not None:  # the stage's own per-token credit
             return self.update(p, padded(batch.advantages, p.behaviour))
         B, G, T = len(groups), max(len(g) for g in groups), p.tokens.shape[1]
+        slot = [(b, j) for b, g in enumerate(groups) for j in range(len(g))]
+        bi, gj = torch.tensor([s[0] for s in slot]), torch.tensor([s[1] for s in slot])
         rewards = torch.zeros(B, G)
+        rewards[bi, gj] = torch.tensor([float(t.reward) for t in trajs])
         gmask = torch.zeros(B, G, dtype=torch.bool)
-        slot = []
-        for b, g in enumerate(groups):
-            for j, t in enumerate(g):
-                rewards[b, j] = t.reward
-                gmask[b, j] = True
-                slot.append((b, j))
-        bi = torch.tensor([s[0] for s in slot])
-        gj = torch.tensor([s[1] for s in slot])
+        gmask[bi, gj] = True
         beh3 = torch.zeros(B, G, T)
         tm3 = torch.zeros(B, G, T, dtype=torch.bool)
         beh3[bi, gj] = p.behaviour
