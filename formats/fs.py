@@ -11,8 +11,9 @@ entirely or not at all, and callers that need "finished" semantics for a group o
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -62,6 +63,18 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
 
 def read_text(path: str | os.PathLike[str]) -> str:
     return read_bytes(path).decode("utf-8")
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[Any]:
+    """One JSON value per non-blank line; a line that is not JSON raises ``ValueError`` naming ``path:line``."""
+    rows = []
+    for n, line in enumerate(read_text(path).splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON: {e}") from e
+    return rows
 
 
 def open_input(path: str | os.PathLike[str]) -> Any:
@@ -117,6 +130,11 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
+
+
+def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any]) -> None:
+    """``rows`` one JSON value a line, committed whole like ``write_text``."""
+    write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def remove(path: str | os.PathLike[str]) -> None:

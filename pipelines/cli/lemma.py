@@ -65,9 +65,9 @@ def register(posttrain_sub: argparse._SubParsersAction) -> None:
 
 
 def run_solve(args: argparse.Namespace) -> int:
+    from formats.fs import read_jsonl
     from posttrain.lemma.credit import batch_metrics
     from posttrain.lemma.run import SolveConfig, describe, solve, write_trace
-    from posttrain.lemma.tasks import read_jsonl
 
     cfg = apply_sets(SolveConfig(model=args.model, verifier=args.verifier), args.set)
     if args.problem is not None:

@@ -15,12 +15,12 @@ weight, with the round index and role kept, so a trainer on the hierarchical MDP
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from formats import fs
 from posttrain.lemma.agent import Trace
 from posttrain.lemma.credit import trace_credit
 from posttrain.lemma.statements import answers_match
@@ -79,21 +79,16 @@ def collate(examples: Sequence[BCExample], pad_id: int = 0) -> dict[str, Any]:
 
 
 def write_jsonl(examples: Sequence[BCExample], path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for e in examples:
-            f.write(json.dumps(asdict(e)) + "\n")
+    fs.write_jsonl(path, [asdict(e) for e in examples])
 
 
 def read_jsonl(path: str | Path) -> list[BCExample]:
-    with open(path) as f:
-        return [BCExample(**json.loads(line)) for line in f if line.strip()]
+    return [BCExample(**r) for r in fs.read_jsonl(path)]
 
 
 def main(argv: list[str] | None = None) -> int:
     from posttrain.lemma.agent import AgentConfig, LemmaAgent
     from posttrain.lemma.scripted import scripted_caller
-    from posttrain.lemma.tasks import read_jsonl as read_tasks
     from posttrain.lemma.verifiers import NoisyVerifier
 
     ap = argparse.ArgumentParser(description="cold-start BC data from the scripted reasoner's successful rounds")
@@ -102,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--p-correct", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    rows = read_tasks(a.tasks)
+    rows = fs.read_jsonl(a.tasks)
     cfg = AgentConfig(reasoner_tokens=280, summariser_tokens=600, reviser_tokens=280)
     traces = LemmaAgent(scripted_caller(a.p_correct, seed=a.seed), NoisyVerifier(seed=a.seed), cfg).solve(rows)
     ex = examples_from_traces(traces)

@@ -23,7 +23,6 @@ and test drops any prompt that also occurs in train.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import re
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from formats import fs
 from posttrain.lemma.format import parse_answer
 from posttrain.lemma.statements import answers_match
 
@@ -291,18 +291,6 @@ def verify_answer(completion: str, row: dict[str, Any], stopped: bool) -> float:
     return float(answers_match(value, str(row["answer"])))
 
 
-def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="write the lemma-chain train/test jsonl")
     ap.add_argument("--out", required=True)
@@ -313,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     train, test = train_test_split(a.train, a.test, a.seed, a.steps, a.magnitude)
-    write_jsonl(train, Path(a.out) / "train.jsonl")
-    write_jsonl(test, Path(a.out) / "test.jsonl")
+    fs.write_jsonl(Path(a.out) / "train.jsonl", train)
+    fs.write_jsonl(Path(a.out) / "test.jsonl", test)
     print(f"{len(train)} train, {len(test)} test rows in {a.out}")
     return 0
 

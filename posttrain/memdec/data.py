@@ -7,13 +7,14 @@ state at t−1. A ``{"text"}`` row is an answer with an empty question.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from formats import fs
 
 POSITION_BITS = 20  # datastore id = example index << 20 | position: 1M positions per example, 2^43 examples
 
@@ -31,18 +32,6 @@ class Example:
 
     def positions(self) -> range:
         return range(self.answer_start, len(self.ids))
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    rows = []
-    with open(path) as f:
-        for n, line in enumerate(f):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n + 1}: not JSON: {e}") from e
-    return rows
 
 
 def encode_rows(rows: Sequence[dict], tokenizer, max_len: int, start: int = 0) -> list[Example]:
@@ -66,7 +55,7 @@ def encode_rows(rows: Sequence[dict], tokenizer, max_len: int, start: int = 0) -
 
 
 def load_examples(path: str | Path, tokenizer, max_len: int) -> list[Example]:
-    return encode_rows(read_jsonl(path), tokenizer, max_len)
+    return encode_rows(fs.read_jsonl(path), tokenizer, max_len)
 
 
 SHARD_SOURCE_OFFSET = 1 << 40  # example indices of the corpus-shard source start here (ids stay below 2^63)

@@ -20,7 +20,6 @@ by ``python -m posttrain.rl.task --write posttrain/data/rl`` (deterministic: the
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from formats import fs
 from posttrain.rollout.scheduler import Prompt
 from posttrain.rollout.types import FINISH_STOP, Trajectory
 
@@ -94,12 +94,10 @@ def arithmetic_rows(n_rows: int, seed: int = 0, split: str = "train") -> list[di
 
 def write_small_data(out: str | Path, n_train: int = 512, n_test: int = 128) -> list[Path]:
     """``out/train.jsonl`` and ``out/test.jsonl``: the ``small`` recipes' arithmetic sets (``arithmetic_rows``)."""
-    from formats.fs import write_text
-
     paths = []
     for split, n in (("train", n_train), ("test", n_test)):
         path = Path(out) / f"{split}.jsonl"
-        write_text(path, "".join(json.dumps(r) + "\n" for r in arithmetic_rows(n, split=split)))
+        fs.write_jsonl(path, arithmetic_rows(n, split=split))
         paths.append(path)
     return paths
 
@@ -149,15 +147,13 @@ def smol_rows(n_rows: int, split: str, seen: set[tuple[int, str, int]] | None = 
 def write_smol_data(out: str | Path, n_train: int = 256, n_test: int = 64) -> list[Path]:
     """``out/{train,test,test-phrasings}.jsonl``: the ``smol`` recipe's sets (``smol_rows``; test disjoint from
     train)."""
-    from formats.fs import write_text
-
     drawn: set[tuple[int, str, int]] = set()
     train = smol_rows(n_train, "train", drawn)
     sets = {"train": train, "test": smol_rows(n_test, "test", drawn), "test-phrasings": smol_rows(n_test, "phrasings")}
     paths = []
     for name, rows in sets.items():
         path = Path(out) / f"{name}.jsonl"
-        write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+        fs.write_jsonl(path, rows)
         paths.append(path)
     return paths
 
@@ -237,13 +233,10 @@ class JsonlTask:
 
     @classmethod
     def from_jsonl(cls, path: str | Path, verify: Verifier = exact_match) -> JsonlTask:
-        with open(path) as f:
-            return cls([json.loads(line) for line in f if line.strip()], verify)
+        return cls(fs.read_jsonl(path), verify)
 
     def write_jsonl(self, path: str | Path) -> None:
-        with open(path, "w") as f:
-            for r in self.rows:
-                f.write(json.dumps(r) + "\n")
+        fs.write_jsonl(path, self.rows)
 
 
 class TaskSource:

@@ -205,3 +205,12 @@ def test_open_output_leaves_nothing_on_failure(tmp_path: Path):
     assert not target.exists() and list((tmp_path / "x").iterdir()) == []
     fs.write_text(target, "whole")
     assert fs.read_text(target) == "whole"
+
+
+def test_jsonl_round_trip_skips_blank_lines_and_names_a_bad_line(tmp_path: Path):
+    rows = [{"id": "a", "x": [1, 2]}, {"id": "b", "x": []}]
+    fs.write_jsonl(tmp_path / "sub" / "rows.jsonl", rows)  # parents made, committed whole
+    assert fs.read_jsonl(tmp_path / "sub" / "rows.jsonl") == rows
+    (tmp_path / "bad.jsonl").write_text('{"id": 1}\n\n{"id": \n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:3: not JSON"):
+        fs.read_jsonl(tmp_path / "bad.jsonl")

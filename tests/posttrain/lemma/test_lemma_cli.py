@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 
+from formats.fs import write_jsonl
 from pipelines.cli import main
-from posttrain.lemma.tasks import train_test_split, write_jsonl
+from posttrain.lemma.tasks import train_test_split
 
 
 def test_solve_a_task_file_prints_and_writes_the_trace(tmp_path, capsys) -> None:
     _, test = train_test_split(0, 4, seed=0, steps=4)
-    write_jsonl(test, tmp_path / "test.jsonl")
+    write_jsonl(tmp_path / "test.jsonl", test)
     out = tmp_path / "trace.json"
     rc = main(
         ["posttrain", "lemma", "solve", "--model", "scripted", "--tasks", str(tmp_path / "test.jsonl")]
