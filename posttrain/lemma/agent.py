@@ -127,6 +127,11 @@ class Trace:
         return d
 
 
+def _new_round(t: Trace, phase: str) -> RoundRecord:
+    t.rounds.append(RoundRecord(len(t.rounds), phase))
+    return t.rounds[-1]
+
+
 class LemmaAgent:
     def __init__(self, policy: RoleCaller, verifier: LemmaVerifier, cfg: AgentConfig | None = None) -> None:
         self.policy = policy
@@ -191,11 +196,7 @@ class LemmaAgent:
         self, ts: list[Trace], pending: dict[int, AnswerRecord], idx: list[int], unsupported: dict[int, AnswerRecord]
     ) -> None:
         cfg = self.cfg
-        recs = []
-        for t in ts:
-            rec = RoundRecord(len(t.rounds), "reason")
-            t.rounds.append(rec)
-            recs.append(rec)
+        recs = [_new_round(t, "reason") for t in ts]
         reason = self.policy.generate(
             [
                 RolePrompt("reasoner", self.reasoner_prompt(t), t.problem_id, r.index, cfg.reasoner_tokens)
@@ -308,11 +309,7 @@ class LemmaAgent:
         self, traces: list[Trace], need: list[int], pending: dict[int, AnswerRecord], done: set[int]
     ) -> None:
         cfg = self.cfg
-        recs = {}
-        for i in need:
-            rec = RoundRecord(len(traces[i].rounds), "revise")
-            traces[i].rounds.append(rec)
-            recs[i] = rec
+        recs = {i: _new_round(traces[i], "revise") for i in need}
         ask = [i for i in need if i not in pending]
         calls = self.policy.generate(
             [

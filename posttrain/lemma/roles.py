@@ -90,18 +90,10 @@ class HFCodec:
 
 
 def char_codec() -> HFCodec:
-    """A character-level tokenizer over printable ASCII (built locally, no download): ``<pad> <eos> <bos>`` then
-    one id per character; every character is its own token, newlines included."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """``rl.task.char_tokenizer`` over printable ASCII: every character is its own token, newlines included."""
+    from posttrain.rl.task import char_tokenizer
 
-    chars = "".join(c for c in string.printable if c not in "\x0b\x0c\r")
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<bos>", *chars])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
-    return HFCodec(fast)
+    return HFCodec(char_tokenizer("".join(c for c in string.printable if c not in "\x0b\x0c\r"), r"[\s\S]"))
 
 
 @dataclass

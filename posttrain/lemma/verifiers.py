@@ -76,11 +76,7 @@ class FormalVerifier:
         raise ValueError(f"unknown item kind {item.kind!r}")
 
     def check(self, items: Sequence[CheckItem], n: int) -> list[Verdict]:
-        out = []
-        for it in items:
-            ok, why = self.truth(it)
-            out.append(Verdict([ok] * n, [why] * n))
-        return out
+        return [Verdict([ok] * n, [why] * n) for ok, why in map(self.truth, items)]
 
 
 def false_positive_rate(precision: float, recall: float, base_rate: float) -> float:

@@ -41,14 +41,15 @@ SMALL_DATA = Path(__file__).resolve().parents[1] / "data" / "rl"
 SPECIAL = ("<pad>", "<eos>", "<bos>")
 
 
-def char_tokenizer(chars: str = CHARS) -> Any:
-    """A character-level Hugging Face fast tokenizer built locally (no download): ``<pad> <eos> <bos>`` + chars."""
+def char_tokenizer(chars: str = CHARS, split: str = ".") -> Any:
+    """A character-level Hugging Face fast tokenizer built locally (no download): ``<pad> <eos> <bos>`` + chars.
+    ``split``: the regex of one token (``.`` leaves a run of newlines one piece; ``[\\s\\S]`` splits it too)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate([*SPECIAL, *chars])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(split), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
 
