@@ -12,7 +12,7 @@ print(fit(m, [{'input_ids': x, 'attention_mask': torch.ones_like(x), 'loss_mask'
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -50,6 +50,16 @@ def schedule(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """``optimizer``'s learning rate on ``lr_factor`` (stepped once per optimizer step)."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, kind, min_ratio, warmup))
+
+
+def right_pad(rows: Sequence[Sequence[int]], pad: int = 0) -> tuple[Tensor, Tensor]:
+    """Ragged rows of ids → ``[N, longest]`` int64 ids right-padded with ``pad``, and their 0/1 attention mask."""
+    ids = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    return ids, mask
 
 
 def masked_ce(model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:

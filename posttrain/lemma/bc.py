@@ -65,15 +65,10 @@ def collate(examples: Sequence[BCExample], pad_id: int = 0) -> dict[str, Any]:
     """Right-padded ``input_ids``, ``attention_mask``, ``loss_mask`` ``[B, T]`` and ``weight`` ``[B]`` tensors."""
     import torch
 
-    n = max(len(e.input_ids) for e in examples)
-    ids = torch.full((len(examples), n), pad_id, dtype=torch.long)
-    attn = torch.zeros(len(examples), n, dtype=torch.long)
-    loss = torch.zeros(len(examples), n, dtype=torch.long)
-    for i, e in enumerate(examples):
-        L = len(e.input_ids)
-        ids[i, :L] = torch.tensor(e.input_ids)
-        attn[i, :L] = 1
-        loss[i, :L] = torch.tensor(e.loss_mask)
+    from posttrain.fit import right_pad
+
+    ids, attn = right_pad([e.input_ids for e in examples], pad_id)
+    loss = right_pad([e.loss_mask for e in examples])[0]
     weight = torch.tensor([e.weight for e in examples], dtype=torch.float32)
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss, "weight": weight}
 

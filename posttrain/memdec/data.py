@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from formats import fs
+from posttrain.fit import right_pad
 
 POSITION_BITS = 20  # datastore id = example index << 20 | position: 1M positions per example, 2^43 examples
 
@@ -122,13 +123,9 @@ class Batch:
 
 
 def collate(examples: Sequence[Example], pad_id: int) -> Batch:
-    T = max(len(e.ids) for e in examples)
-    ids = torch.full((len(examples), T), pad_id, dtype=torch.int64)
-    att = torch.zeros((len(examples), T), dtype=torch.int64)
-    pred = torch.zeros((len(examples), T), dtype=torch.bool)
+    ids, att = right_pad([e.ids for e in examples], pad_id)
+    pred = torch.zeros_like(ids, dtype=torch.bool)
     for b, e in enumerate(examples):
-        ids[b, : len(e.ids)] = torch.tensor(e.ids)
-        att[b, : len(e.ids)] = 1
         pred[b, e.answer_start : len(e.ids)] = True
     return Batch(ids=ids, attention=att, predict=pred)
 

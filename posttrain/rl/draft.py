@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain.fit import fit
+from posttrain.fit import fit, right_pad
 from posttrain.objectives.speculative import AcceptanceTracker, hybrid_draft_loss
 from posttrain.rollout.engines.speculative import SpeculativeConfig
 from posttrain.rollout.types import Trajectory
@@ -48,13 +48,7 @@ class DraftTrainer:
         """Right-padded ids ``[B, L]``, mask, and (row, start, n) per window of ≤K generated positions.
 
         Position ``t`` of a window is the state predicting generated token ``t`` (logits at index prompt+t−1)."""
-        seqs = [t.prompt_ids + t.token_ids for t in trajs if t.n_tokens]
-        lmax = max(len(s) for s in seqs)
-        ids = torch.zeros(len(seqs), lmax, dtype=torch.long)
-        mask = torch.zeros(len(seqs), lmax, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
-            mask[i, : len(s)] = 1
+        ids, mask = right_pad([t.prompt_ids + t.token_ids for t in trajs if t.n_tokens])
         wins = []
         k = self.cfg.k
         for i, t in enumerate(x for x in trajs if x.n_tokens):

@@ -97,11 +97,8 @@ def pack(trajs: list[Trajectory], version: int | None = None) -> Packed:
     """Right-padded tensors of ``trajs``; ``version``: the learner version they are trained at, whose engine
     logprobs (``Trajectory.engine_logprobs_at``) fill ``matched`` for the matched-weights BKL mask."""
     n = len(trajs)
-    seq = [t.prompt_ids + t.token_ids for t in trajs]
-    L = max(len(s) for s in seq)
+    ids, att = fit.right_pad([t.prompt_ids + t.token_ids for t in trajs])
     T = max(max(t.n_tokens for t in trajs), 1)
-    ids = torch.zeros(n, L, dtype=torch.long)
-    att = torch.zeros(n, L, dtype=torch.long)
     pos = torch.zeros(n, T, dtype=torch.long)
     tok = torch.zeros(n, T, dtype=torch.long)
     rmask = torch.zeros(n, T, dtype=torch.bool)
@@ -109,13 +106,11 @@ def pack(trajs: list[Trajectory], version: int | None = None) -> Packed:
     ver = torch.full((n, T), -1, dtype=torch.long)
     matched = torch.zeros(n, T, dtype=torch.float32)
     mmask = torch.zeros(n, T, dtype=torch.bool)
-    for i, (t, s) in enumerate(zip(trajs, seq)):
+    for i, t in enumerate(trajs):
         if version is not None:
             for j, lp in enumerate(t.engine_logprobs_at(version)):
                 if lp is not None:
                     matched[i, j], mmask[i, j] = lp, True
-        ids[i, : len(s)] = torch.tensor(s)
-        att[i, : len(s)] = 1
         k, p = t.n_tokens, len(t.prompt_ids)
         pos[i, :k] = torch.arange(p - 1, p - 1 + k)
         tok[i, :k] = torch.tensor(t.token_ids)
