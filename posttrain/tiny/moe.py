@@ -4,13 +4,10 @@ Built from a config, nothing downloaded. ``norm_topk_prob=True`` (the gate weigh
 renormalised to sum to 1, as Mixtral and Qwen3-MoE do), a larger ``initializer_range`` than the library default
 so that the experts (and so the routing) visibly change the logits of a 2-layer toy model, fp32, eager attention.
 
-    python -c "from pathlib import Path; from posttrain.tiny.moe import write_tiny_moe_lm; \
-print(write_tiny_moe_lm(Path('/tmp/tiny-moe')))"
+    python -c "from posttrain.tiny.moe import build_tiny_moe_lm; print(build_tiny_moe_lm())"
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 
 def tiny_moe_config(
@@ -49,11 +46,4 @@ def build_tiny_moe_lm(seed: int = 0, **config_kwargs):
     from transformers import Qwen2MoeForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen2MoeForCausalLM(tiny_moe_config(**config_kwargs)).float()
-    return model.eval()
-
-
-def write_tiny_moe_lm(out_dir: Path, seed: int = 0, **config_kwargs) -> Path:
-    out_dir = Path(out_dir)
-    build_tiny_moe_lm(seed=seed, **config_kwargs).save_pretrained(out_dir)
-    return out_dir
+    return Qwen2MoeForCausalLM(tiny_moe_config(**config_kwargs)).float().eval()
