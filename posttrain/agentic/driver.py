@@ -63,6 +63,10 @@ class TokenStream:
         self._queue.put_nowait(("error", error))
 
 
+class DriverClosed(RuntimeError):
+    """A model call after ``EngineDriver.shutdown`` (the gateway answers 503)."""
+
+
 class EngineDriver:
     """Runs one ``RolloutEngine`` for many concurrent callers: ``await generate(request)`` for the finished
     trajectory, or ``async for ids in stream(request)`` for its ids as each step emits them.
@@ -73,6 +77,11 @@ class EngineDriver:
     loop would otherwise delay every step of every request), and the engine is only touched by that thread
     (no locking inside engines). An engine failure fails the calls in flight, loudly, and the thread keeps
     serving later calls. A step's ``new_tokens`` reach the streams before its finished trajectories do.
+
+    Partial rollout across a weight sync (SPEC §C1, ``posttrain.agentic.rl``): ``hold()`` waits for the step under
+    way, pauses the engine (the requests in flight keep their tokens, logprobs and versions) and stops stepping;
+    calls made meanwhile queue. ``release(weights, version)`` loads the new weights and resumes the paused requests,
+    whose later tokens carry ``version``. ``shutdown()`` aborts every call in flight and refuses new ones.
     """
 
     def __init__(self, engine: Any) -> None:
@@ -81,6 +90,11 @@ class EngineDriver:
         self._pending: list[tuple[Request, asyncio.AbstractEventLoop, asyncio.Future | TokenStream]] = []
         self._aborts: list[str] = []
         self._thread: threading.Thread | None = None
+        self._waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future | TokenStream]] = {}
+        self._step_lock = threading.Lock()
+        """Held by the engine thread for each round of submit/abort/step, and by ``hold`` until ``release``."""
+        self._paused: list[Trajectory] | None = None
+        self._closed = False
         self.finished: dict[str, Trajectory] = {}
         """request id → the trajectory exactly as the engine returned it (tests compare the store with it)."""
 
@@ -97,6 +111,8 @@ class EngineDriver:
 
     def _enqueue(self, request: Request, waiter: asyncio.Future | TokenStream) -> None:
         with self._cv:
+            if self._closed:
+                raise DriverClosed("the engine driver is shut down (the run is ending); no new model calls")
             self._pending.append((request, asyncio.get_running_loop(), waiter))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="engine-driver", daemon=True)
@@ -110,8 +126,41 @@ class EngineDriver:
             self._aborts.append(request_id)
             self._cv.notify()
 
+    def hold(self) -> int:
+        """Pause the engine after the step under way and stop stepping; returns how many requests were paused."""
+        self._step_lock.acquire()
+        self._paused = self.engine.pause()
+        return len(self._paused)
+
+    def release(self, weights: Any = None, version: int | None = None) -> None:
+        """Load ``weights`` as ``version`` (None: keep the engine's), resume the paused requests, step again."""
+        if self._paused is None:
+            raise RuntimeError("release() without hold()")
+        try:
+            if weights is not None:
+                self.engine.update_weights(weights, version)
+            if self._paused:
+                self.engine.resume(self._paused)
+        finally:
+            self._paused = None
+            self._step_lock.release()
+        with self._cv:
+            self._cv.notify()
+
+    @property
+    def held(self) -> bool:
+        return self._paused is not None
+
+    def shutdown(self) -> None:
+        """Refuse new calls and abort those in flight (their callers get what was sampled, finish ``abort``)."""
+        with self._cv:
+            self._closed = True
+            self._aborts += list(self._waiting)
+        if self.held:
+            self.release()
+
     def _run(self) -> None:
-        waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future | TokenStream]] = {}
+        waiting = self._waiting
         while True:
             with self._cv:
                 while not self._pending and not waiting:
@@ -119,32 +168,38 @@ class EngineDriver:
                     self._cv.wait()
                 batch, self._pending = self._pending, []
                 aborts, self._aborts = self._aborts, []
-            try:
-                if batch:
-                    for r, loop, w in batch:
-                        waiting[r.request_id] = (loop, w)
-                    self.engine.submit([r for r, _, _ in batch])
-                for t in self.engine.abort([a for a in aborts if a in waiting]) if aborts else []:
-                    self.finished[t.request_id] = t
-                    loop, w = waiting.pop(t.request_id)
-                    loop.call_soon_threadsafe(_settle, w, t, None)
-                if not waiting:
-                    continue
-                out = self.engine.step()
-            except Exception as e:  # an engine failure fails every waiting call, loudly
-                log.exception("engine step failed; failing %d waiting calls", len(waiting))
-                for loop, w in waiting.values():
-                    loop.call_soon_threadsafe(_settle, w, None, e)
-                waiting.clear()
-                continue
-            for rid, ids in out.new_tokens.items():
-                lw = waiting.get(rid)
-                if lw is not None and isinstance(lw[1], TokenStream):
-                    lw[0].call_soon_threadsafe(lw[1]._ids, ids)
-            for t in out.finished:
+            with self._step_lock:  # not while held: a weight sync is under way
+                self._round(batch, aborts)
+
+    def _round(self, batch: list, aborts: list[str]) -> None:
+        """Submit the queued calls, apply the aborts, take one engine step and hand out what it produced."""
+        waiting = self._waiting
+        try:
+            if batch:
+                for r, loop, w in batch:
+                    waiting[r.request_id] = (loop, w)
+                self.engine.submit([r for r, _, _ in batch])
+            for t in self.engine.abort([a for a in aborts if a in waiting]) if aborts else []:
                 self.finished[t.request_id] = t
                 loop, w = waiting.pop(t.request_id)
                 loop.call_soon_threadsafe(_settle, w, t, None)
+            if not waiting:
+                return
+            out = self.engine.step()
+        except Exception as e:  # an engine failure fails every waiting call, loudly
+            log.exception("engine step failed; failing %d waiting calls", len(waiting))
+            for loop, w in waiting.values():
+                loop.call_soon_threadsafe(_settle, w, None, e)
+            waiting.clear()
+            return
+        for rid, ids in out.new_tokens.items():
+            lw = waiting.get(rid)
+            if lw is not None and isinstance(lw[1], TokenStream):
+                lw[0].call_soon_threadsafe(lw[1]._ids, ids)
+        for t in out.finished:
+            self.finished[t.request_id] = t
+            loop, w = waiting.pop(t.request_id)
+            loop.call_soon_threadsafe(_settle, w, t, None)
 
 
 def _settle(waiter: asyncio.Future | TokenStream, result: Any, error: BaseException | None) -> None:

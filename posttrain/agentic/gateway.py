@@ -34,7 +34,7 @@ from typing import Any
 
 from posttrain import toolcall
 from posttrain.agentic.chat import Conversation, Generation, GenerationStream, parse_output, render
-from posttrain.agentic.driver import EngineDriver
+from posttrain.agentic.driver import DriverClosed, EngineDriver
 from posttrain.agentic.protocols import MESSAGES, PROTOCOLS, Protocol, sse
 from posttrain.agentic.traces import TraceStore
 from posttrain.rollout.types import Request, SamplingParams, Trajectory
@@ -131,6 +131,7 @@ class Gateway:
         self.incremental_decode = byte_level_decode(tokenizer)
         """Streams decode only the new ids (byte-level tokenizers) instead of the whole output at every step."""
         self._counter = itertools.count()
+        self._session_calls: dict[str, int] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._streams: set[asyncio.Task] = set()
 
@@ -229,7 +230,8 @@ class Gateway:
                 f"prompt has {len(input_ids)} tokens > max_context {self.config.max_context}", "context_length_exceeded"
             )
         n = next(self._counter)
-        rid = f"{session}/{n}"
+        k = self._session_calls[session] = self._session_calls.get(session, -1) + 1
+        rid = f"{session}/{k}"  # the session's k-th call: its seed does not depend on other sessions' timing
         seed = zlib.crc32(f"{self.config.seed}/{rid}".encode())
         params = SamplingParams(
             max_new_tokens=max(1, min(conv.max_tokens, self.config.max_context - len(input_ids))),
@@ -345,6 +347,8 @@ def build_app(gateway: Gateway):
                 g = await _unless_disconnected(req, gateway.generate(session, conv, protocol.name))
             except InvalidRequest as e:
                 return JSONResponse(protocol.error(400, str(e), e.code), status_code=400)
+            except DriverClosed as e:  # the run serving this gateway is ending
+                return JSONResponse(protocol.error(503, str(e), "shutting_down"), status_code=503)
             return JSONResponse(protocol.response(g, conv, body))
 
         return call

@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -138,9 +139,18 @@ def bwrap_argv(argv: list[str], workdir: Path, limits: SandboxLimits, uid: int |
     return cmd + argv
 
 
-@lru_cache(maxsize=1)
+_probe_lock = threading.Lock()
+
+
 def jail_problem() -> str | None:
-    """None when the jail starts here, else why not (cached: probed once per process)."""
+    """None when the jail starts here, else why not (cached: probed once per process, by one thread at a time:
+    concurrent harness sessions ask at once)."""
+    with _probe_lock:
+        return _jail_problem()
+
+
+@lru_cache(maxsize=1)
+def _jail_problem() -> str | None:
     if not shutil.which("bwrap"):
         return "bubblewrap (bwrap) is not installed (Debian: apt-get install bubblewrap; `make system-deps`)"
     if os.geteuid() == 0 and not shutil.which("setpriv"):

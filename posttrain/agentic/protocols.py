@@ -110,7 +110,7 @@ def _chat_usage(g: Generation) -> dict[str, int]:
 
 
 def _openai_error(status: int, message: str, code: str) -> dict[str, Any]:
-    kind = "invalid_request_error" if status != 401 else "authentication_error"
+    kind = "server_error" if status >= 500 else "invalid_request_error" if status != 401 else "authentication_error"
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
@@ -355,6 +355,7 @@ _ANTHROPIC_ERRORS = {
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
+    503: "api_error",
 }
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import json
 import tempfile
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,6 +148,16 @@ class AgenticConfig:
     pass_to_pass, reference_patch), used instead of the built-ins."""
     max_turns: int = 4
     """Harness turn limit."""
+    max_sessions: int = 8
+    """Harness sessions running at once: the gateway's engine driver batches their model calls."""
+    partial: bool = True
+    """Partial rollout (SPEC §C1, as ``rl``'s scheduler): once a step's groups are complete, the sessions still running
+    pause across the learner step (their model calls wait, the engine's requests keep their tokens) and go on under
+    the new weights, so the engine never idles on a step's slowest session. False: the synchronous baseline (a
+    step's sessions all finish before the update; none is ever in flight across a sync)."""
+    max_stale: int = 3
+    """A session whose oldest sampled token is more than this many versions behind the learner when its group is
+    trained is dropped (``stale``), as ``rl``'s scheduler discards such trajectories."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """As in every stage: ``policy.path`` (a chat model with its tokenizer and template), or None for the tiny random
     policy over the agentic tokenizer (``policy.arch=qwen2_moe``: MoE, routes replayed by R3)."""
@@ -170,11 +182,32 @@ RECIPES = {"debug": debug}
 """Named configs for ``scifolio posttrain agentic --config NAME``."""
 
 
+@dataclass
+class _Group:
+    """One task's group of sessions ``KEY:ROLLOUT`` (they share the PrefixTree ``KEY``), started in order."""
+
+    index: int
+    key: str
+    task: Task
+    round: int
+    """Which pass over the tasks started it (the scripted behaviours rotate by it)."""
+    started: int = 0
+    results: dict[int, tuple[HarnessRun, Any]] = field(default_factory=dict)
+    """rollout → (the harness's run, the verifier's verdict), as sessions finish."""
+
+
 class AgenticStage(Stage):
     """``posttrain agentic`` as a stage of the one driver (``posttrain.rl.loop.run_stage``): per step, one group of
     harness sessions per task through the gateway (the rollout workflow), graded by the task's verifier, credited by
-    Eq 30 on the trace store's token spans, one ``Learner.update``. Sessions are named ``TASK-vSTEP.rRESUME:ROLLOUT``:
-    a step redone after a crash gets fresh sessions, never the half-stored ones of the killed attempt."""
+    Eq 30 on the trace store's token spans, one ``Learner.update``.
+
+    Sessions run ``max_sessions`` at a time in threads, so the engine batches their calls. Groups start in task
+    order and a step trains the first ``len(tasks)`` groups in that order once all their sessions are graded (the
+    batch does not depend on which session finishes first). With ``partial``, sessions of later groups start as
+    slots free, and those still running at the end of ``collect`` are paused in the engine (``EngineDriver.hold``)
+    across the update and resume under the new weights at ``sync``; their tokens carry the version that sampled
+    them. Groups are named ``TASK-gGROUP.rRESUME``: after a crash the groups not yet trained start again with fresh
+    sessions, never the half-stored ones of the killed attempt."""
 
     name = "posttrain agentic"
 
@@ -185,6 +218,8 @@ class AgenticStage(Stage):
         from posttrain.tiny.agentic import build_tokenizer
 
         config = self.cfg = resolve(config)
+        if config.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {config.max_sessions}")
         self.steps = config.steps
         Path(out).mkdir(parents=True, exist_ok=True)
         tiny = config.policy.path is None  # the tiny policy: 1024 ids over the agentic tokenizer
@@ -205,45 +240,98 @@ class AgenticStage(Stage):
             default_max_tokens=192, max_context=2048, return_routed_experts=config_is_moe(model.config)
         )
         gw = Gateway(self.engine, tok, gcfg, store=self.store)
+        self.driver = gw.driver
         self._server = ServerThread(build_app(gw))
         self.url = self._server.__enter__()
         self.tasks = (read_tasks(config.tasks) if config.tasks else coding_tasks())[: config.n_tasks]
         self.tools = {"write_file", "read_file", "run_tests"}
-        self.step_index, self.attempt = 0, 0
+        self.pool = ThreadPoolExecutor(config.max_sessions, thread_name_prefix="agentic-session")
+        self.running: dict[Future, tuple[_Group, int]] = {}
+        self.open: deque[_Group] = deque()
+        """Groups started and not yet trained, in start order."""
+        self.next_group, self.attempt, self.paused = 0, 0, 0
+
+    # -- sessions ------------------------------------------------------------------------------------------------
+    def _session(self, task: Task, sid: str) -> tuple[HarnessRun, Any]:
+        """One harness session in a fresh copy of the task's repository, then the verifier (a pool thread)."""
+        cfg = self.cfg
+        with tempfile.TemporaryDirectory() as tmp:
+            work = task.setup(Path(tmp))
+            harness = SimpleHarness(self.url + "/v1", sid, max_turns=cfg.max_turns, sandbox=cfg.sandbox)
+            run = harness.run(task.objective, work)
+            return run, verify(task, work, sandbox=cfg.sandbox)
+
+    def _start(self, limit: int | None) -> None:
+        """Start sessions while fewer than ``max_sessions`` run: the open groups' next sessions, then new groups
+        (only while fewer than ``limit`` groups are open; None: no limit)."""
+        cfg = self.cfg
+        while len(self.running) < cfg.max_sessions:
+            g = next((g for g in self.open if g.started < cfg.group_size), None)
+            if g is None:
+                if limit is not None and len(self.open) >= limit:
+                    return
+                n = self.next_group
+                task = self.tasks[n % len(self.tasks)]
+                g = _Group(n, f"{task.task_id}-g{n}.r{self.attempt}", task, n // len(self.tasks))
+                self.open.append(g)
+                self.next_group += 1
+            r, sid = g.started, f"{g.key}:{g.started}"
+            self.agent.assign(sid, behaviour_replies(g.task, BEHAVIOURS[(r + g.round) % len(BEHAVIOURS)]))
+            self.running[self.pool.submit(self._session, g.task, sid)] = (g, r)
+            g.started += 1
 
     def collect(self) -> Batch:
-        cfg, step = self.cfg, self.step_index
+        cfg, want = self.cfg, len(self.tasks)
+        ready: list[_Group] = []
+        while len(ready) < want:
+            # partial: keep every slot busy (later groups start early); synchronous: only this step's groups
+            self._start(None if cfg.partial else want)
+            done, _ = wait(self.running, return_when=FIRST_COMPLETED)
+            for f in done:
+                g, r = self.running.pop(f)
+                g.results[r] = f.result()  # a harness that crashed is a bug: raised, never a silent 0 reward
+            while self.open and len(ready) < want and len(self.open[0].results) == cfg.group_size:
+                ready.append(self.open.popleft())
+        # sessions still running wait across the update (partial rollout); with partial off there are none
+        self.paused = self.driver.hold()
         groups, rewards_all, unjailed, advs, dropped = [], [], 0, {}, []
-        for task in self.tasks:
+        for g in ready:
             sessions, rewards, weights = [], [], []
             for r in range(cfg.group_size):
-                sid = f"{task.task_id}-v{step}.r{self.attempt}:{r}"
-                self.agent.assign(sid, behaviour_replies(task, BEHAVIOURS[(r + step) % len(BEHAVIOURS)]))
-                with tempfile.TemporaryDirectory() as tmp:
-                    work = task.setup(Path(tmp))
-                    harness = SimpleHarness(self.url + "/v1", sid, max_turns=cfg.max_turns, sandbox=cfg.sandbox)
-                    run = harness.run(task.objective, work)
-                    verdict = verify(task, work, sandbox=cfg.sandbox)
+                sid, (run, verdict) = f"{g.key}:{r}", g.results[r]
                 unjailed += not verdict.jailed
                 if verdict.status == INFRA or sid not in self.store.session_calls:  # never a 0 reward
-                    dropped.append(Dropped(sid, self.name, "infra", {"task": task.task_id}))
+                    dropped.append(Dropped(sid, self.name, "infra", {"task": g.task.task_id}))
+                    continue
+                oldest = min(self.store.session_export(sid)["versions"], default=self.learner.version)
+                if self.learner.version - oldest > cfg.max_stale:
+                    dropped.append(Dropped(sid, self.name, "stale", {"task": g.task.task_id, "version": oldest}))
                     continue
                 sessions.append(sid)
                 rewards.append(float(verdict.reward))
                 weights.append(annotate(session_steps(self.store, sid, run, self.tools), self.tools))
             if len(sessions) < 2:  # no leave-one-out baseline
-                dropped += [Dropped(s, self.name, "group_too_small", {"task": task.task_id}) for s in sessions]
+                dropped += [Dropped(s, self.name, "group_too_small", {"task": g.task.task_id}) for s in sessions]
                 continue
             a = loo_advantages(torch.tensor([rewards]))[0].tolist()
             for s, adv in zip(sessions, session_credit(self.store, sessions, a, weights)):
                 advs[s] = adv[self.store.session_export(s)["spans"][0][0] :]
             groups.append([self.store.session_trajectory(s, rw) for s, rw in zip(sessions, rewards)])
             rewards_all += rewards
-        self.step_index += 1
         # unjailed: sessions graded outside the jail (sandbox.allow_unjailed), said per step
-        infra = sum(d.reason == "infra" for d in dropped)
-        stats = {"reward_mean": sum(rewards_all) / max(len(rewards_all), 1), "infra": infra, "unjailed": unjailed}
-        credit = [advs[t.request_id] for g in groups for t in g]  # Eq 30 per token of each session's trajectory
+        trajs = [t for grp in groups for t in grp]
+        stats = {
+            "reward_mean": sum(rewards_all) / max(len(rewards_all), 1),
+            "infra": sum(d.reason == "infra" for d in dropped),
+            "unjailed": unjailed,
+            "sessions_in_flight": len(self.running),
+            "paused_calls": self.paused,
+            "multi_version_sessions": sum(len(set(t.versions)) > 1 for t in trajs),
+            "old_version_tokens": sum(
+                v < self.learner.version for t in trajs for v, m in zip(t.versions, t.loss_mask) if m
+            ),
+        }
+        credit = [advs[t.request_id] for t in trajs]  # Eq 30 per token of each session's trajectory
         return Batch(groups, self.learner.version, metrics=stats, dropped=dropped, advantages=credit)
 
     def train(self, batch: Batch) -> dict[str, Any]:
@@ -251,26 +339,36 @@ class AgenticStage(Stage):
         if not trajs:
             return {"loss": 0.0}
         m = self.learner.train(batch)  # Learner.update on the batch's per-token credit
-        # On-policy check: before the update, the learner's logprobs of the stored response tokens against the
-        # behaviour logprobs the gateway captured (≈ 0 when the engine served this model; large for a scripted agent).
-        return {**m, "kept": m["kept_tokens"], "max_behaviour_logprob_gap": m["mismatch_abs_max"]}
+        # On-policy check: before the update, the learner's logprobs of the stored response tokens the engine sampled
+        # at the learner's version against the behaviour logprobs the gateway captured (≈ 0 when the engine served
+        # this model; large for a scripted agent). Tokens of older versions differ by the policy's drift.
+        return {**m, "kept": m["kept_tokens"], "max_behaviour_logprob_gap": m["matched_mismatch_abs_max"]}
 
     def sync(self) -> None:
-        if self.cfg.engine.kind != "scripted":  # the scripted agent has no weights; the policy serves the learner's
-            self.engine.update_weights(self.learner.weights(), self.learner.version)
+        """Resume the paused sessions' calls under the learner's new weights (the scripted agent has none: its
+        engine only takes the new version)."""
+        weights = {} if self.cfg.engine.kind == "scripted" else self.learner.weights()
+        if not self.driver.held:
+            self.driver.hold()
+        self.driver.release(weights, self.learner.version)
 
     def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
         trajs = [t for g in batch.groups for t in g]
         return {"reward": batch.metrics["reward_mean"], **batch.metrics, **metrics, "sessions": len(trajs)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step_index": self.step_index, "attempt": self.attempt}
+        """The first group not yet trained and the attempt: a resume starts the open groups again, fresh."""
+        return {"next_group": self.open[0].index if self.open else self.next_group, "attempt": self.attempt}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step_index, self.attempt = state["step_index"], state["attempt"] + 1
+        # checkpoints from before partial rollout counted steps, one group per task each
+        self.next_group = state.get("next_group", state.get("step_index", 0) * len(self.tasks))
+        self.attempt = state["attempt"] + 1
         self.sync()
 
     def close(self) -> None:
+        self.driver.shutdown()  # sessions still running get their calls aborted or refused, and end
+        self.pool.shutdown(wait=True, cancel_futures=True)
         self._server.__exit__(None, None, None)
         engines.stop_engine(self.cfg)
 
