@@ -285,11 +285,6 @@ class RayEngine:
         ray.get([self.workers[i].call.remote(method, b) for i, b in enumerate(batches) if b])
 
 
-def ray_rollout_engine(factory: EngineFactory, n_workers: int, num_cpus: float = 1) -> RayEngine:
-    """The engine ``posttrain rl --ray`` uses: ``n_workers`` engine actors behind one ``RolloutEngine``."""
-    return RayEngine(start_engine_workers(factory, n_workers, num_cpus=num_cpus))
-
-
 def ensure_ray(address: str, n_workers: int) -> None:
     """Start a local Ray (``local``: one CPU per engine worker) or join ``HOST:PORT``, unless already connected."""
     if not ray.is_initialized():

@@ -342,7 +342,8 @@ def start_engine(
 
         ray_actors.ensure_ray(cfg.engine.ray, cfg.engine.workers)
         per_worker = max(1, capacity // cfg.engine.workers)
-        engine = ray_actors.ray_rollout_engine(EngineFactory(cfg, per_worker, build=build), cfg.engine.workers)
+        factory = EngineFactory(cfg, per_worker, build=build)
+        engine = ray_actors.RayEngine(ray_actors.start_engine_workers(factory, cfg.engine.workers))
     if cfg.engine.kind != "scripted":
         engine.update_weights(weights, version)
     elif version:

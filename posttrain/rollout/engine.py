@@ -198,6 +198,11 @@ class QueuedEngine:
         out.finished += [r.traj for r in self._running if r.traj.finished]
         self._running = [r for r in self._running if not r.traj.finished]
 
+    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
+        """The policy (``self.model``) takes the new weights (see ``_load_weights``) and ``version``."""
+        self._load_weights(self.model, state)
+        self._version = int(version)
+
     def _load_weights(self, model: Any, state: Mapping[str, Any]) -> None:
         """Load a (full or partial) state dict into ``model`` between pause and resume; unknown names raise."""
         if self._running or self._queue:

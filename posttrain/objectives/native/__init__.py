@@ -258,9 +258,6 @@ def use_native(backend: str, *tensors: Tensor) -> bool:
             raise ValueError("the native backend takes float32 CPU tensors; use backend='torch' or 'auto'")
         library()
         return True
-    if not eligible:
-        return False
-    if not available():
+    if eligible and not available():
         _warn_unavailable()
-        return False
-    return True
+    return eligible and available()

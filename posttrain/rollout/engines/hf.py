@@ -15,7 +15,7 @@ under whatever weights are loaded then, so KV is never reused across versions.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,21 @@ from posttrain.rollout.sampling import draw, sampling_logprobs, token_logprobs_o
 from posttrain.rollout.types import Request, Trajectory
 
 KV = list[tuple[Tensor, Tensor]]
+
+
+def forward_kv(
+    model: torch.nn.Module, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: KV | None, rec: Any = None
+) -> tuple[Tensor, KV, Tensor | None]:
+    """One forward of ``model`` over per-layer caches ``kv`` (None or ``[]``: none yet), inside the R3 recorder
+    ``rec`` when given: (logits, the new per-layer caches, the routes ``rec.end()`` returned or None)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(ddp_cache_data=kv, config=model.config) if kv else DynamicCache(config=model.config)
+    if rec is not None:
+        rec.begin()
+    o = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    experts = rec.end() if rec is not None else None
+    return o.logits, [(layer.keys, layer.values) for layer in o.cache.layers], experts
 
 
 def left_pad(kvs: list[KV], new: int) -> tuple[KV, Tensor | None, list[int]]:
@@ -78,10 +93,6 @@ class HFEngine(QueuedEngine):
             rec = [] if r.params.return_routed_experts else None
             self._queue.append(Trajectory(request=r, routed_experts=rec))
 
-    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
-        self._load_weights(self.model, state)
-        self._version = int(version)
-
     @torch.no_grad()
     def step(self) -> StepOutput:
         out = StepOutput()
@@ -105,21 +116,8 @@ class HFEngine(QueuedEngine):
         return out
 
     # -- internals ------------------------------------------------------------------------------------
-    def _forward(
-        self, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: list[tuple[Tensor, Tensor]] | None
-    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]], Tensor | None]:
-        from transformers import DynamicCache
-
-        cache = (
-            DynamicCache(ddp_cache_data=kv, config=self.model.config) if kv else DynamicCache(config=self.model.config)
-        )
-        rec = self.experts_recorder
-        if rec is not None:
-            rec.begin()
-        o = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
-        experts = rec.end() if rec is not None else None
-        new = [(layer.keys, layer.values) for layer in o.cache.layers]
-        return o.logits, new, experts
+    def _forward(self, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: KV | None):  # noqa: ANN202
+        return forward_kv(self.model, ids, mask, pos, kv, self.experts_recorder)
 
     def _buckets(self, warm: list[_Running], length=None) -> list[list[_Running]]:  # noqa: ANN001
         """Split the decode batch by KV length so one long request does not pad every row to its length:

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from posttrain.objectives import speculative
 from posttrain.rollout.engine import QueuedEngine, StepOutput
-from posttrain.rollout.engines.hf import KV, left_pad
+from posttrain.rollout.engines.hf import KV, forward_kv, left_pad
 from posttrain.rollout.sampling import draw, sampling_logprobs, token_logprobs_of
 from posttrain.rollout.types import Request, Trajectory
 
@@ -144,10 +144,6 @@ class SpeculativeEngine(QueuedEngine):
                 raise ValueError(f"{r.request_id} asks for routed experts (R3) but the engine has no experts_recorder")
             self._queue.append(Trajectory(request=r, routed_experts=[] if r.params.return_routed_experts else None))
 
-    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
-        self._load_weights(self.model, state)
-        self._version = int(version)
-
     def take_round_log(self) -> list[Tensor]:
         """The verification outcomes logged since the last call (what ``DraftTrainer.observe`` folds in)."""
         log, self.round_log, self.round_groups = self.round_log, [], []
@@ -187,18 +183,11 @@ class SpeculativeEngine(QueuedEngine):
 
     # -- internals -------------------------------------------------------------------------------------------
     def _forward(self, model: torch.nn.Module, ids: Tensor, kv: KV | None, mask=None, pos=None) -> tuple[Tensor, KV]:  # noqa: ANN001
-        from transformers import DynamicCache
-
-        cfg = model.config
-        cache = DynamicCache(ddp_cache_data=kv, config=cfg) if kv else DynamicCache(config=cfg)
         rec = self.experts_recorder if model is self.model else None
-        if rec is not None:
-            rec.begin()
-        o = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
-        self._experts = rec.end() if rec is not None else None
+        logits, kv, self._experts = forward_kv(model, ids, mask, pos, kv, rec)
         if model is self.model:
             self.policy_forwards += 1
-        return o.logits, [(layer.keys, layer.values) for layer in o.cache.layers]
+        return logits, kv
 
     def _record(self, traj: Trajectory, row: int, start: int, count: int) -> None:
         """Routes of the last policy forward's ``row`` for its first ``count`` fed positions, which are positions
