@@ -80,7 +80,23 @@ def check_router_formula(router: nn.Module, hidden_size: int | None = None) -> N
         raise ValueError(f"{type(router).__name__} computes gate weights differently from R3's replay formula")
 
 
-class RoutingRecorder(AbstractContextManager):
+class _RouterHooks(AbstractContextManager):
+    """A forward hook (``self._hook(layer)``) on each of ``self.routers`` while the context is entered."""
+
+    routers: list[nn.Module]
+    _handles: list
+
+    def __enter__(self) -> _RouterHooks:
+        self._handles += [router.register_forward_hook(self._hook(layer)) for layer, router in enumerate(self.routers)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+class RoutingRecorder(_RouterHooks):
     """Engine side: capture each forward's top-k expert ids per router layer.
 
     ``pop()`` returns the ids of every forward since the last pop as ``[tokens, layers, top_k]`` (int16 on CPU),
@@ -95,16 +111,6 @@ class RoutingRecorder(AbstractContextManager):
         self._handles: list = []
         self.active = True
         """Hooks record only while this is true (the engine hook toggles it around each forward)."""
-
-    def __enter__(self) -> RoutingRecorder:
-        for layer, router in enumerate(self.routers):
-            self._handles.append(router.register_forward_hook(self._hook(layer)))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
 
     def _hook(self, layer: int):
         def hook(_module, _inputs, output):
@@ -178,7 +184,7 @@ def _parent_of(model: nn.Module, child: nn.Module) -> nn.Module:
     raise ValueError("router has no parent module")
 
 
-class RoutingReplay(AbstractContextManager):
+class RoutingReplay(_RouterHooks):
     """Learner side: make each router use recorded expert ids, gate weights from its live logits.
 
     ``experts``: ``[B, T, layers, top_k]`` or ``[B*T, layers, top_k]`` matching the forward's tokens; entries
@@ -202,17 +208,9 @@ class RoutingReplay(AbstractContextManager):
         self.replayed_tokens = 0
         self.changed_routes = 0  # (token, layer) pairs where the live top-k set differs from the replayed one
 
-    def __enter__(self) -> RoutingReplay:
-        for layer, router in enumerate(self.routers):
-            self._handles.append(router.register_forward_hook(self._hook(layer, _renormalises(router))))
-        return self
+    def _hook(self, layer: int):
+        renormalise = _renormalises(self.routers[layer])
 
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-    def _hook(self, layer: int, renormalise: bool):
         def hook(_module, _inputs, output):
             logits, _weights, live_ids = output
             ids = self.experts[:, layer, :].to(live_ids.device)
