@@ -324,23 +324,20 @@ def perplexity(
         raise FileNotFoundError(f"no shards under {shards}")
     bar = _bar(None, progress, unit="chunk")
     model.eval()
-    for path in files:
-        for chunk in iter_chunks(path, parts=("segments",)):
-            ids = [t for s in chunk.segments if s.kind == "text" for t in s.token_ids]
-            if max(ids, default=0) >= vocab:
-                raise ValueError(f"token id {max(ids)} ≥ model vocab {vocab}: shards use another tokenizer")
-            for start in range(0, len(ids) - 1, seq_len):
-                window = torch.tensor([ids[start : start + seq_len]])
-                if window.shape[1] < 2:
-                    continue
-                with torch.no_grad():
-                    logits = model(input_ids=window).logits.float()
-                nll += F.cross_entropy(logits[0, :-1], window[0, 1:], reduction="sum").item()
-                count += window.shape[1] - 1
-            chunks += 1
-            bar.update(1)
-            if max_chunks is not None and chunks >= max_chunks:
-                break
+    for chunk in (c for path in files for c in iter_chunks(path, parts=("segments",))):
+        ids = [t for s in chunk.segments if s.kind == "text" for t in s.token_ids]
+        if max(ids, default=0) >= vocab:
+            raise ValueError(f"token id {max(ids)} ≥ model vocab {vocab}: shards use another tokenizer")
+        for start in range(0, len(ids) - 1, seq_len):
+            window = torch.tensor([ids[start : start + seq_len]])
+            if window.shape[1] < 2:
+                continue
+            with torch.no_grad():
+                logits = model(input_ids=window).logits.float()
+            nll += F.cross_entropy(logits[0, :-1], window[0, 1:], reduction="sum").item()
+            count += window.shape[1] - 1
+        chunks += 1
+        bar.update(1)
         if max_chunks is not None and chunks >= max_chunks:
             break
     bar.close()

@@ -14,10 +14,11 @@ in the verifier role).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from formats import fs
 from posttrain.lemma.agent import AgentConfig, LemmaAgent, Trace
 from posttrain.lemma.credit import trace_credit
 from posttrain.lemma.roles import RoleCaller
@@ -69,13 +70,7 @@ def solve(cfg: SolveConfig, rows: list[dict[str, Any]]) -> tuple[list[Trace], li
             {
                 **t.to_dict(),
                 "solved": solved if final is not None or ref is None else False,
-                "credit": {
-                    "reward": credit.reward,
-                    "lemma_values": credit.lemma_values,
-                    "round_values": credit.round_values,
-                    "round_mask": credit.round_mask,
-                    "edges": credit.edges,
-                },
+                "credit": asdict(credit),
                 "policy_tokens": t.policy_tokens(),
             }
         )
@@ -106,8 +101,5 @@ def describe(rec: dict[str, Any]) -> str:
 
 
 def write_trace(path: str | Path, cfg: SolveConfig, records: list[dict[str, Any]], metrics: dict[str, float]) -> None:
-    from dataclasses import asdict
-
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     doc = {"config": asdict(cfg), "metrics": metrics, "problems": records}
-    Path(path).write_text(json.dumps(doc, default=str))
+    fs.write_text(path, json.dumps(doc, default=str))

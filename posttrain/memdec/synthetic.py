@@ -10,7 +10,6 @@ cannot. General text comes from a small grammar; its held-out set is fresh sente
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +112,7 @@ def domain_examples(cfg: SyntheticConfig, rng: random.Random) -> tuple[list[dict
 
 
 def write_jsonl(path: Path, rows: list[dict[str, str]]) -> Path:
-    fs.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+    fs.write_jsonl(path, rows)
     return path
 
 
