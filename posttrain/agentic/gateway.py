@@ -345,6 +345,8 @@ def build_app(gateway: Gateway):
                     s = await gateway.stream(session, conv, protocol.name)
                     return stream(protocol.events(s, conv, body), protocol, s)
                 g = await _unless_disconnected(req, gateway.generate(session, conv, protocol.name))
+                if g.finish == "abort":  # aborted by the driver's shutdown (the client is still here)
+                    raise DriverClosed("the call was aborted: the run serving this gateway is ending")
             except InvalidRequest as e:
                 return JSONResponse(protocol.error(400, str(e), e.code), status_code=400)
             except DriverClosed as e:  # the run serving this gateway is ending

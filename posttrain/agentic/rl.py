@@ -122,14 +122,17 @@ class ScriptedAgent:
         self.tok = tokenizer
         self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.replies: dict[str, list[str]] = {}
+        self.given: dict[str, list[int]] = {}
 
     def assign(self, session: str, replies: list[str]) -> None:
         self.replies[session] = list(replies)
 
     def __call__(self, req: Request) -> list[int]:
-        queue = self.replies.get(req.group_id)
-        text = queue.pop(0) if queue else "I give up."
-        return self.tok.encode(text, add_special_tokens=False) + [self.im_end]
+        if req.request_id not in self.given:  # a call paused across a sync is admitted again: the same reply
+            queue = self.replies.get(req.group_id)
+            text = queue.pop(0) if queue else "I give up."
+            self.given[req.request_id] = self.tok.encode(text, add_special_tokens=False) + [self.im_end]
+        return self.given[req.request_id]
 
 
 # -- the run -------------------------------------------------------------------------------------------
@@ -285,7 +288,7 @@ class AgenticStage(Stage):
         ready: list[_Group] = []
         while len(ready) < want:
             # partial: keep every slot busy (later groups start early); synchronous: only this step's groups
-            self._start(None if cfg.partial else want)
+            self._start(None if cfg.partial else want - len(ready))
             done, _ = wait(self.running, return_when=FIRST_COMPLETED)
             for f in done:
                 g, r = self.running.pop(f)

@@ -60,23 +60,24 @@ def _run(tmp_path: Path, name: str, **sets) -> tuple[list[dict], list[list[str]]
     from posttrain.agentic.rl import AgenticConfig, run_agentic
 
     out = tmp_path / name
-    run_agentic(AgenticConfig(steps=2, group_size=2, n_tasks=1, max_turns=3, **sets), out)
+    run_agentic(AgenticConfig(**{"steps": 2, "group_size": 2, "n_tasks": 1, "max_turns": 3, **sets}), out)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     trained = [json.loads(x)["ids"] for x in (out / "trained.jsonl").read_text().splitlines()]
     return rows, trained
 
 
 def test_agentic_partial_rollout_trains_groups_in_order_across_syncs(tmp_path):
-    """4 session slots, groups of 2: step 1 starts groups 0 and 1 at once and trains group 0; group 1's sessions
-    (their first calls long answered at version 0) go on across the sync and are trained at step 2 by version 1.
-    The synchronous baseline starts only the step's group: nothing in flight, nothing old."""
-    rows, trained = _run(tmp_path, "partial", max_sessions=4)
-    task = trained[0][0].split("-g")[0]
-    assert trained == [[f"{task}-g{g}.r0:{r}" for r in range(2)] for g in (0, 1)]
-    assert rows[0]["old_version_tokens"] == 0 and rows[1]["old_version_tokens"] > 0
-    assert all(r["sessions"] == 2 and r["infra"] == 0 for r in rows)
+    """8 session slots, two tasks, groups of 2: step 1 starts groups 0–3 at once and trains groups 0 and 1; groups 2
+    and 3 (their first calls long answered at version 0) go on across the sync and are trained at step 2 by version
+    1. The synchronous baseline starts only the step's groups: nothing in flight, nothing old. Both train the same
+    sessions, and the scripted agent's sessions grade the same across a pause (a resumed call keeps its reply)."""
+    partial, trained = _run(tmp_path, "partial", max_sessions=8, n_tasks=2)
+    tasks = [trained[0][i].split("-g")[0] for i in (0, 2)]
+    assert trained == [[f"{tasks[g % 2]}-g{g}.r0:{r}" for g in (2 * s, 2 * s + 1) for r in range(2)] for s in (0, 1)]
+    assert partial[0]["old_version_tokens"] == 0 and partial[1]["old_version_tokens"] > 0
+    assert all(r["sessions"] == 4 and r["infra"] == 0 for r in partial)
 
-    rows, trained = _run(tmp_path, "sync", max_sessions=4, partial=False)
-    assert trained == [[f"{task}-g{g}.r0:{r}" for r in range(2)] for g in (0, 1)]
-    assert all(r["sessions_in_flight"] == 0 and r["old_version_tokens"] == 0 for r in rows), rows
-    assert all(r["multi_version_sessions"] == 0 and r["paused_calls"] == 0 for r in rows)
+    sync, trained_sync = _run(tmp_path, "sync", max_sessions=8, n_tasks=2, partial=False)
+    assert trained_sync == trained and [r["reward"] for r in sync] == [r["reward"] for r in partial]
+    assert all(r["sessions_in_flight"] == 0 and r["old_version_tokens"] == 0 for r in sync), sync
+    assert all(r["multi_version_sessions"] == 0 and r["paused_calls"] == 0 for r in sync)
