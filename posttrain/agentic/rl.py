@@ -252,7 +252,7 @@ class AgenticStage(Stage):
         self.running: dict[Future, tuple[_Group, int]] = {}
         self.open: deque[_Group] = deque()
         """Groups started and not yet trained, in start order."""
-        self.next_group, self.attempt, self.paused = 0, 0, 0
+        self.next_group, self.attempt = 0, 0
 
     # -- sessions ------------------------------------------------------------------------------------------------
     def _session(self, task: Task, sid: str) -> tuple[HarnessRun, Any]:
@@ -296,7 +296,7 @@ class AgenticStage(Stage):
             while self.open and len(ready) < want and len(self.open[0].results) == cfg.group_size:
                 ready.append(self.open.popleft())
         # sessions still running wait across the update (partial rollout); with partial off there are none
-        self.paused = self.driver.hold()
+        paused = self.driver.hold()
         groups, rewards_all, unjailed, advs, dropped = [], [], 0, {}, []
         for g in ready:
             sessions, rewards, weights = [], [], []
@@ -328,7 +328,7 @@ class AgenticStage(Stage):
             "infra": sum(d.reason == "infra" for d in dropped),
             "unjailed": unjailed,
             "sessions_in_flight": len(self.running),
-            "paused_calls": self.paused,
+            "paused_calls": paused,
             "multi_version_sessions": sum(len(set(t.versions)) > 1 for t in trajs),
             "old_version_tokens": sum(
                 v < self.learner.version for t in trajs for v, m in zip(t.versions, t.loss_mask) if m
