@@ -371,11 +371,7 @@ def deepspeed_config(cfg: SFTConfig, world: int) -> dict[str, Any]:
 
 
 def train(
-    cfg: SFTConfig,
-    out: str | Path,
-    setup: Callable[[], tuple[int, int]],
-    resume: bool = False,
-    progress: bool = True,
+    cfg: SFTConfig, out: str | Path, setup: Callable[[], tuple[int, int]], resume: bool = False, progress: bool = True
 ) -> list[dict[str, Any]]:
     """Run to ``cfg.steps``; ``setup()`` joins the process group and returns (rank, world) (the CLI passes
     pre-training's ``init_distributed``, so both stages start DeepSpeed the same way). Returns the metrics rows."""

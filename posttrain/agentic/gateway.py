@@ -381,11 +381,7 @@ def load_model_gateway(model: str, config: GatewayConfig = GatewayConfig(), capa
 
 
 def serve_gateway(
-    model: str,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    trace_path: str | None = None,
-    api_keys: str | None = None,
+    model: str, host: str = "127.0.0.1", port: int = 8000, trace_path: str | None = None, api_keys: str | None = None
 ) -> int:
     """What ``scifolio posttrain gateway --model M --host H --port P [--api-keys FILE]`` runs (blocks until
     stopped), behind ``guard.Guard`` (keys and request limits). Without keys it binds loopback only: refused

@@ -183,11 +183,7 @@ def verify(
     iso, jailed = network_isolation(), jail_available()
     if results is None:
         return Verdict(
-            INFRA,
-            None,
-            "verifier output unparseable or runner crashed:\n" + raw[-2000:],
-            isolated=iso,
-            jailed=jailed,
+            INFRA, None, "verifier output unparseable or runner crashed:\n" + raw[-2000:], isolated=iso, jailed=jailed
         )
     wanted = task.fail_to_pass + task.pass_to_pass
     for t in wanted:  # a test file that no longer imports (the agent broke the code under test) fails its tests

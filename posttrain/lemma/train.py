@@ -380,8 +380,4 @@ def run(cfg: LemmaTrainConfig, out: str, resume: bool = False, progress: bool = 
 
 def with_ablation(cfg: LemmaTrainConfig, name: str) -> LemmaTrainConfig:
     """``full`` | ``ratio`` (raw pass ratio reward) | ``no_graph`` (graph credit off); same seeds."""
-    return {
-        "full": cfg,
-        "ratio": replace(cfg, reward="ratio"),
-        "no_graph": replace(cfg, graph_credit=False),
-    }[name]
+    return {"full": cfg, "ratio": replace(cfg, reward="ratio"), "no_graph": replace(cfg, graph_credit=False)}[name]

@@ -72,10 +72,7 @@ class EvalReport:
                 f"(ratio {g.ppl_fused / g.ppl_base:.4f})",
                 g.ppl_fused <= (1 + GENERAL_TOLERANCE) * g.ppl_base,
             ),
-            (
-                f"mean λ domain {d.mean_lambda:.3f} > mean λ general {g.mean_lambda:.3f}",
-                d.mean_lambda > g.mean_lambda,
-            ),
+            (f"mean λ domain {d.mean_lambda:.3f} > mean λ general {g.mean_lambda:.3f}", d.mean_lambda > g.mean_lambda),
         ]
 
     def ok(self) -> bool:

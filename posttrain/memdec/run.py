@@ -23,13 +23,7 @@ from posttrain.memdec.datastore import KeyValueStore, build_datastore, write_knn
 from posttrain.memdec.evaluate import EvalReport, evaluate
 from posttrain.memdec.fused import load_router, save_router
 from posttrain.memdec.synthetic import write_synthetic
-from posttrain.memdec.train import (
-    checkpoint_step,
-    new_lm,
-    train_base,
-    train_memory,
-    train_router,
-)
+from posttrain.memdec.train import checkpoint_step, new_lm, train_base, train_memory, train_router
 from posttrain.objectives.memory_decoder import RouterConfig
 
 

@@ -134,10 +134,7 @@ def length_weights(lengths: Tensor, positive: Tensor, config: LengthConfig = Len
 
 
 def length_regularise(
-    advantages: Tensor,
-    lengths: Tensor,
-    group_mask: Tensor | None = None,
-    config: LengthConfig = LengthConfig(),
+    advantages: Tensor, lengths: Tensor, group_mask: Tensor | None = None, config: LengthConfig = LengthConfig()
 ) -> Tensor:
     """Eq 14–17: reweight positive advantages towards shorter responses, preserving their total.
 

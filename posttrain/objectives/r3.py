@@ -230,11 +230,7 @@ class RoutingReplay(_RouterHooks):
 
 
 def batch_routes(
-    routes: Sequence[torch.Tensor | None],
-    seq_len: int,
-    offsets: Sequence[int],
-    layers: int,
-    top_k: int,
+    routes: Sequence[torch.Tensor | None], seq_len: int, offsets: Sequence[int], layers: int, top_k: int
 ) -> torch.Tensor:
     """Place per-sequence routes ``[n_i, layers, top_k]`` into a padded batch ``[B, seq_len, layers, top_k]``.
 

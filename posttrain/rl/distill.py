@@ -524,9 +524,7 @@ def build(cfg: DistillConfig) -> DistillStage:
         return DistillStage(cfg, student.eval(), teachers)
     tokenizer = load_tokenizer(cfg.student_path, "student")
     check_tokenizers(
-        tokenizer,
-        cfg.student_path,
-        {d: (load_tokenizer(p, f"teacher {d!r}"), p) for d, p in cfg.teacher_paths.items()},
+        tokenizer, cfg.student_path, {d: (load_tokenizer(p, f"teacher {d!r}"), p) for d, p in cfg.teacher_paths.items()}
     )
     source = FilePrompts(cfg.prompts, tokenizer, cfg.seed, cfg.eval_queries)
     teachers = {d: TeacherScorer(TeacherConfig(path=path)).load() for d, path in cfg.teacher_paths.items()}

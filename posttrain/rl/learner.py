@@ -130,11 +130,7 @@ def padded(rows: list[list[float]], like: Tensor) -> Tensor:
 
 
 def token_logprobs(
-    model: torch.nn.Module,
-    p: Packed,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    stats: dict[str, int] | None = None,
+    model: torch.nn.Module, p: Packed, temperature: float = 1.0, top_p: float = 1.0, stats: dict[str, int] | None = None
 ) -> Tensor:
     """log π(y_t) of each response token under ``model`` with the engine's sampling transform: ``[N, T]``.
 
