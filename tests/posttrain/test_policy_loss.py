@@ -19,8 +19,6 @@ from posttrain.objectives.policy_loss import (
     bkl_mask,
     bkl_mask_from_logprobs,
     clipped_weight,
-    fresh_enough,
-    oldest_version,
     policy_loss,
 )
 
@@ -115,13 +113,3 @@ def test_bkl_mask_requires_both_directions() -> None:
     assert not bkl_mask(a, b, BklConfig(phi=0.04)).item()
     assert bkl_mask(a, b, BklConfig(phi=0.045)).item()
     assert torch.isfinite(binary_kl(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]))).all()
-
-
-def test_staleness_filter() -> None:
-    versions = torch.tensor([[5, 5, 6, 0], [2, 3, 6, 6], [3, 4, 4, 6], [0, 0, 0, 0]])
-    mask = torch.tensor([[True, True, True, False], [True] * 4, [True] * 4, [False] * 4])
-    oldest = oldest_version(versions, mask)
-    assert oldest[:3].tolist() == [5, 2, 3]
-    assert fresh_enough(oldest, learner_version=6, max_stale=3).tolist() == [True, False, True, True]
-    with pytest.raises(ValueError):
-        fresh_enough(oldest, 6, max_stale=-1)
