@@ -155,14 +155,6 @@ def length_regularise(
     return torch.where(positive & active, norm * w * advantages, advantages)
 
 
-def length_normaliser(advantages: Tensor, lengths: Tensor, config: LengthConfig = LengthConfig()) -> Tensor:
-    """The Eq 17 factor ``Σ_P Â_j / Σ_P w_j Â_j`` per group (exposed for inspection and tests)."""
-    positive = advantages > 0
-    w = length_weights(lengths, positive, config).to(advantages.dtype)
-    pos_adv = torch.where(positive, advantages, torch.zeros_like(advantages))
-    return pos_adv.sum(dim=-1) / (w * pos_adv).sum(dim=-1)
-
-
 @dataclass(frozen=True)
 class ShapingConfig:
     """Eq 28 pipeline settings."""

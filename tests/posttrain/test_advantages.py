@@ -18,7 +18,6 @@ from posttrain.objectives.advantages import (
     degenerate_groups,
     gepo,
     group_entropy,
-    length_normaliser,
     length_regularise,
     length_weights,
     loo_advantages,
@@ -130,7 +129,7 @@ def test_length_weights_and_normaliser_worked() -> None:
     expected = [0.2 + 0.8 * (1 - (x - 900) / 4100) for x in LENGTHS]
     assert w.tolist() == pytest.approx(expected, abs=1e-12)
     assert w.tolist() == pytest.approx([1, 0.94146, 0.88293, 0.70732, 0.59024, 0.2], abs=5e-6)
-    norm = length_normaliser(adv, lengths)[0].item()
+    norm = (length_regularise(adv, lengths)[0] / (w * adv[0]))[0].item()  # Eq 17's factor, the same for every i
     assert norm == pytest.approx(6 / sum(expected), abs=1e-12)
     # Exact value 1.3882619 (= 6/4.3219512); SPEC prints 1.388263, a rounding slip of ~1e-6.
     assert norm == pytest.approx(1.388263, abs=2e-6)
