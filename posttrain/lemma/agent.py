@@ -33,7 +33,7 @@ from typing import Any
 
 from posttrain.lemma.format import Answer, parse_answer, parse_summary
 from posttrain.lemma.roles import Call, RoleCaller, RolePrompt
-from posttrain.lemma.verifiers import CheckItem, LemmaVerifier, Verdict
+from posttrain.lemma.verifiers import CheckItem, LemmaVerifier
 
 
 @dataclass(frozen=True)
@@ -147,15 +147,17 @@ class LemmaAgent:
             return "(empty)"
         return "\n".join(f"[{m.id}] {m.status} {sum(m.passes)}/{len(m.passes)}: {m.statement}" for m in live)
 
-    def reasoner_prompt(self, t: Trace) -> str:
-        return f"PROBLEM: {t.problem['prompt']}\nMEMORY:\n{self.memory_text(t)}\n"
+    def _ask(self, role: str, ts: list[Trace], recs: list[RoundRecord], tokens: int, extra: list[str]) -> list[Call]:
+        """One batched pass of ``role``: each prompt is PROBLEM, MEMORY, then the role's own section (``extra``:
+        nothing for the reasoner, ``ROUND:`` for the summariser, ``FEEDBACK:`` for the reviser)."""
+        texts = [f"PROBLEM: {t.problem['prompt']}\nMEMORY:\n{self.memory_text(t)}\n{x}" for t, x in zip(ts, extra)]
+        return self.policy.generate(
+            [RolePrompt(role, x, t.problem_id, r.index, tokens) for t, r, x in zip(ts, recs, texts)]
+        )
 
-    def summariser_prompt(self, t: Trace, reasoning: str) -> str:
-        return f"PROBLEM: {t.problem['prompt']}\nMEMORY:\n{self.memory_text(t)}\nROUND:\n{reasoning}\n"
-
-    def reviser_prompt(self, t: Trace) -> str:
-        fb = "\n".join(t.feedback) if t.feedback else "(none)"
-        return f"PROBLEM: {t.problem['prompt']}\nMEMORY:\n{self.memory_text(t)}\nFEEDBACK:\n{fb}\n"
+    def _item(self, t: Trace, kind: str, text: str, justification: str, key: str, rec: RoundRecord) -> CheckItem:
+        """What the verifier checks for ``t`` (a lemma or an answer), the memory as its context, keyed ``id/key``."""
+        return CheckItem(kind, text, t.problem, justification, self.memory_text(t), f"{t.problem_id}/{key}", rec.index)
 
     # -- the rounds -------------------------------------------------------------------------------------
     def solve(self, rows: Sequence[dict[str, Any]]) -> list[Trace]:
@@ -197,20 +199,8 @@ class LemmaAgent:
     ) -> None:
         cfg = self.cfg
         recs = [_new_round(t, "reason") for t in ts]
-        reason = self.policy.generate(
-            [
-                RolePrompt("reasoner", self.reasoner_prompt(t), t.problem_id, r.index, cfg.reasoner_tokens)
-                for t, r in zip(ts, recs)
-            ]
-        )
-        summ = self.policy.generate(
-            [
-                RolePrompt(
-                    "summariser", self.summariser_prompt(t, c.text), t.problem_id, r.index, cfg.summariser_tokens
-                )
-                for t, r, c in zip(ts, recs, reason)
-            ]
-        )
+        reason = self._ask("reasoner", ts, recs, cfg.reasoner_tokens, [""] * len(ts))
+        summ = self._ask("summariser", ts, recs, cfg.summariser_tokens, [f"ROUND:\n{c.text}\n" for c in reason])
         items: list[CheckItem] = []
         owners: list[MemoryEntry] = []
         local: list[dict[str, str]] = []
@@ -220,20 +210,11 @@ class LemmaAgent:
             new, refs = self._admit(t, rec, c_s.text)
             local.append(refs)
             for m in new:
-                items.append(
-                    CheckItem(
-                        "lemma",
-                        m.statement,
-                        t.problem,
-                        m.justification,
-                        self.memory_text(t),
-                        f"{t.problem_id}/{m.statement}",
-                        rec.index,
-                    )
-                )
+                items.append(self._item(t, "lemma", m.statement, m.justification, m.statement, rec))
                 owners.append(m)
         for m, v in zip(owners, self.verifier.check(items, cfg.n_checks)):
-            self._judge(m, v)
+            m.passes = list(v.passes)
+            m.status = "accepted" if m.confidence > cfg.accept_threshold else "uncertain"
         for i, t, rec, c_r, c_s, refs in zip(idx, ts, recs, reason, summ, local):
             ans = parse_answer(c_s.text) or parse_answer(c_r.text)
             if ans is not None:
@@ -294,10 +275,6 @@ class LemmaAgent:
             stack.extend(m.uses)
         return True
 
-    def _judge(self, m: MemoryEntry, v: Verdict) -> None:
-        m.passes = list(v.passes)
-        m.status = "accepted" if m.confidence > self.cfg.accept_threshold else "uncertain"
-
     def _answer(self, t: Trace, rec: RoundRecord, ans: Answer, local: dict[str, str]) -> AnswerRecord:
         uses, _ = self._resolve(t, ans.uses, local)
         a = AnswerRecord(f"A{rec.index}", ans.value, rec.index, uses)
@@ -311,14 +288,8 @@ class LemmaAgent:
         cfg = self.cfg
         recs = {i: _new_round(traces[i], "revise") for i in need}
         ask = [i for i in need if i not in pending]
-        calls = self.policy.generate(
-            [
-                RolePrompt(
-                    "reviser", self.reviser_prompt(traces[i]), traces[i].problem_id, recs[i].index, cfg.reviser_tokens
-                )
-                for i in ask
-            ]
-        )
+        fb = ["FEEDBACK:\n" + ("\n".join(traces[i].feedback) if traces[i].feedback else "(none)") + "\n" for i in ask]
+        calls = self._ask("reviser", [traces[i] for i in ask], [recs[i] for i in ask], cfg.reviser_tokens, fb)
         for i, c in zip(ask, calls):
             traces[i].calls.append(c)
             recs[i].call_ids.append(c.call_id)
@@ -328,18 +299,7 @@ class LemmaAgent:
             else:
                 traces[i].feedback.append(f"round {recs[i].index}: no parseable ANSWER line")
         check = [i for i in need if i in pending]
-        items = [
-            CheckItem(
-                "answer",
-                pending[i].value,
-                traces[i].problem,
-                "",
-                self.memory_text(traces[i]),
-                f"{traces[i].problem_id}/answer",
-                recs[i].index,
-            )
-            for i in check
-        ]
+        items = [self._item(traces[i], "answer", pending[i].value, "", "answer", recs[i]) for i in check]
         for i, v in zip(check, self.verifier.check(items, cfg.n_checks)):
             a = pending.pop(i)
             a.passes = list(v.passes)

@@ -164,36 +164,21 @@ class RoleCaller:
         if not prompts:
             return []
         reqs: list[Request] = []
+        kw = dict(stop_token_ids=tuple(self.codec.stop_ids), return_routed_experts=self.routes)
         for p in prompts:
             if p.role not in ROLE_INSTRUCTIONS:
                 raise ValueError(f"unknown role {p.role!r} (roles: {', '.join(ROLES)})")
             self._n += 1
             rid = f"{p.problem_id}/{p.round}/{p.role}/{p.key or 0}/{self._n}"
-            params = SamplingParams(
-                max_new_tokens=p.max_tokens,
-                temperature=self.temperature,
-                seed=zlib.crc32(f"{self.seed}/{rid}".encode()),
-                stop_token_ids=tuple(self.codec.stop_ids),
-                return_routed_experts=self.routes,
-            )
+            seed = zlib.crc32(f"{self.seed}/{rid}".encode())
+            params = SamplingParams(p.max_tokens, self.temperature, seed=seed, **kw)
             reqs.append(Request(rid, self._ids(self.render(p)), params, group_id=p.problem_id, meta={"role": p.role}))
         out = []
         for p, r, t in zip(prompts, reqs, run_all(self.engine, reqs, self.max_steps)):
             stop = set(self.codec.stop_ids)
             gen = t.token_ids[:-1] if t.token_ids and t.token_ids[-1] in stop else t.token_ids
-            call = Call(
-                r.request_id,
-                p.role,
-                p.problem_id,
-                p.round,
-                list(r.prompt_ids),
-                list(t.token_ids),
-                list(t.logprobs),
-                list(t.versions),
-                t.finish_reason,
-                self.codec.decode(gen),
-                t.routed_experts,
-            )
-            out.append(call)
+            sampled = (list(r.prompt_ids), list(t.token_ids), list(t.logprobs), list(t.versions), t.finish_reason)
+            text = self.codec.decode(gen)
+            out.append(Call(r.request_id, p.role, p.problem_id, p.round, *sampled, text, t.routed_experts))
         self.calls.extend(out)
         return out
