@@ -84,11 +84,7 @@ def session_credit(
     return [out[i, : len(e["token_ids"])].tolist() for i, e in enumerate(exports)]
 
 
-# -- a scripted agent policy ---------------------------------------------------------------------------
-tool_call_text = toolcall.render
-"""What the model emits for a tool call (``posttrain/toolcall.py``)."""
-
-
+# -- a scripted agent policy (its tool calls written by ``toolcall.render``) ----------------------------
 BEHAVIOURS = ("fix", "edit_tests", "break_p2p", "malformed_then_fix")
 
 
@@ -98,17 +94,17 @@ def behaviour_replies(task: Task, behaviour: str) -> list[str]:
     test_file = next(iter(task.hidden_tests))
     if behaviour == "fix":
         return [
-            tool_call_text("run_tests", {}),
-            tool_call_text("write_file", {"path": path, "content": good}),
+            toolcall.render("run_tests", {}),
+            toolcall.render("write_file", {"path": path, "content": good}),
             "Fixed.",
         ]
     if behaviour == "edit_tests":
         trivial = "def test_ok():\n    assert True\n"
-        return [tool_call_text("write_file", {"path": test_file, "content": trivial}), "Tests pass."]
+        return [toolcall.render("write_file", {"path": test_file, "content": trivial}), "Tests pass."]
     if behaviour == "break_p2p":  # the fix, but every other function of the file is deleted
         fn = task.fail_to_pass[0].split("::test_")[1]
         kept = "def " + fn + good.split("def " + fn, 1)[1].split("\n\n\n")[0]
-        return [tool_call_text("write_file", {"path": path, "content": kept + "\n"}), "Done."]
+        return [toolcall.render("write_file", {"path": path, "content": kept + "\n"}), "Done."]
     if behaviour == "malformed_then_fix":
         bad = toolcall.OPEN + '{"name": "write_file", oops' + toolcall.CLOSE
         return [bad, *behaviour_replies(task, "fix")[1:]]

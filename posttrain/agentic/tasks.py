@@ -39,7 +39,6 @@ from posttrain.agentic.jail import (
     JailUnavailable,
     SandboxConfig,
     SandboxLimits,
-    SandboxResult,
     jail_available,
     jail_problem,
     run_jailed,
@@ -77,18 +76,11 @@ def network_isolation() -> bool:
     return jail_available() or unshare_net_works()
 
 
-def run_sandboxed(
-    argv: list[str], cwd: Path, limits: SandboxLimits = SandboxLimits(), sandbox: SandboxConfig = SandboxConfig()
-) -> SandboxResult:
-    """Run ``argv`` in the jail (``posttrain.agentic.jail``) with ``cwd`` its only writable directory."""
-    return run_jailed(argv, cwd, limits, sandbox.allow_unjailed)
-
-
 def run_tests(
     workdir: Path, files: list[str], limits: SandboxLimits = SandboxLimits(), sandbox: SandboxConfig = SandboxConfig()
 ) -> tuple[dict | None, str]:
-    """Run test files with the built-in runner; (results or None when unparseable, raw output)."""
-    r = run_sandboxed([sys.executable, "-I", "-B", "-c", RUNNER, *files], workdir, limits, sandbox)
+    """Run test files with the built-in runner in the jail; (results or None when unparseable, raw output)."""
+    r = run_jailed([sys.executable, "-I", "-B", "-c", RUNNER, *files], workdir, limits, sandbox.allow_unjailed)
     for line in r.stdout.splitlines():
         if line.startswith("__RESULTS__ "):
             try:

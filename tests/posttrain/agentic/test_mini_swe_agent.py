@@ -16,9 +16,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must no
 os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
 import minisweagent  # noqa: E402,F401  (dev extra: a missing harness must fail, not skip)
 
+from posttrain import toolcall  # noqa: E402
 from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app  # noqa: E402
 from posttrain.agentic.jail import JailedEnvironment  # noqa: E402
-from posttrain.agentic.rl import ScriptedAgent, tool_call_text  # noqa: E402
+from posttrain.agentic.rl import ScriptedAgent  # noqa: E402
 from posttrain.agentic.tasks import PASS, coding_tasks, verify  # noqa: E402
 from posttrain.rollout.engines.scripted import ScriptedTokenEngine  # noqa: E402
 from posttrain.tiny.agentic import build_tokenizer  # noqa: E402
@@ -39,9 +40,9 @@ def test_mini_swe_agent_unmodified_against_the_gateway(tmp_path):
     agent_script.assign(
         sid,
         [
-            tool_call_text("bash", {"command": "cat calc.py"}, "THOUGHT: look at the code."),
-            tool_call_text("bash", {"command": f"cat > {path} <<'EOF'\n{good}EOF"}, "THOUGHT: fix sub."),
-            tool_call_text("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}),
+            toolcall.render("bash", {"command": "cat calc.py"}, "THOUGHT: look at the code."),
+            toolcall.render("bash", {"command": f"cat > {path} <<'EOF'\n{good}EOF"}, "THOUGHT: fix sub."),
+            toolcall.render("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}),
         ],
     )
     gw = Gateway(ScriptedTokenEngine(agent_script), tok, GatewayConfig(default_max_tokens=256, max_context=8192))

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from posttrain import toolcall
 from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
 from posttrain.agentic.rl import (
     AgenticConfig,
@@ -15,7 +16,6 @@ from posttrain.agentic.rl import (
     run_agentic,
     session_credit,
     session_steps,
-    tool_call_text,
 )
 from posttrain.agentic.tasks import FAIL, INFRA, PASS, SimpleHarness, coding_tasks, network_isolation, verify
 from posttrain.objectives.credit import annotate
@@ -102,7 +102,7 @@ def test_harness_fixes_the_task_through_the_gateway(served, task, tmp_path):
 def test_c7_credit_on_stored_spans(served, task, tmp_path):
     """SPEC §C7 worked example (weights 1, 0, −0.5, 1; A = ±0.6) on spans recorded by a real harness run."""
     gw, agent, url, tok = served
-    search = tool_call_text("run_tests", {"only": "x"})
+    search = toolcall.render("run_tests", {"only": "x"})
     replies = [search, '<tool_call>{"name": "run_tests", oops</tool_call>', search, "Done."]
     weights = []
     for sid in ("c7:0", "c7:1"):
@@ -143,7 +143,7 @@ def test_tiny_agentic_rl_run(tmp_path):
 
 def test_turn_limit_is_annotated_and_context_limit_is_an_error(served, task, tmp_path):
     gw, agent, url, tok = served
-    agent.assign("lim:0", [tool_call_text("read_file", {"path": "calc.py"})] * 5)
+    agent.assign("lim:0", [toolcall.render("read_file", {"path": "calc.py"})] * 5)
     run = SimpleHarness(url + "/v1", "lim:0", max_turns=2).run(task.objective, task.setup(tmp_path))
     assert run.stopped_by == "max_turns" and run.turns == 2
     steps = session_steps(gw.store, "lim:0", run, TOOLS)
@@ -168,7 +168,7 @@ def test_sandbox_timeout_kills_the_whole_process_group(tmp_path):
     import os
     import time
 
-    from posttrain.agentic.tasks import SandboxLimits, run_sandboxed
+    from posttrain.agentic.jail import SandboxLimits, run_jailed
 
     script = (
         "import subprocess, sys, time\n"
@@ -176,7 +176,7 @@ def test_sandbox_timeout_kills_the_whole_process_group(tmp_path):
         "time.sleep(60)\n"
     )
     t0 = time.monotonic()
-    r = run_sandboxed([os.environ.get("PYTHON", "python3"), "-c", script], tmp_path, SandboxLimits(wall_s=2))
+    r = run_jailed([os.environ.get("PYTHON", "python3"), "-c", script], tmp_path, SandboxLimits(wall_s=2))
     assert r.returncode is None and r.stderr == "timeout" and time.monotonic() - t0 < 30
     time.sleep(4)
     assert not (tmp_path / "alive").exists(), "the grandchild survived the sandbox timeout"
