@@ -147,22 +147,11 @@ class TraceStore:
             for k in ("token_ids", "logprobs", "versions", "routed_experts"):
                 del rest[k]
             rest["request"]["prompt_ids"] = []
+        per_token = [json.dumps(v) for v in (n.token_ids, n.logprobs, n.versions, n.experts)]
         cur = self.db.execute(
             "INSERT INTO nodes (tree,parent,kind,text,token_ids,logprobs,versions,experts,skip,session,trajectory) "
             "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                n.tree,
-                n.parent,
-                n.kind,
-                n.text,
-                json.dumps(n.token_ids),
-                json.dumps(n.logprobs),
-                json.dumps(n.versions),
-                json.dumps(n.experts),
-                int(n.skip),
-                n.session,
-                None if rest is None else json.dumps(rest),
-            ),
+            (n.tree, n.parent, n.kind, n.text, *per_token, int(n.skip), n.session, rest and json.dumps(rest)),
         )
         n.id = int(cur.lastrowid)
         self._attach(n)
@@ -245,7 +234,6 @@ class TraceStore:
             prompt = self.path_ids(parent) + list(context[1])
             if list(trajectory.prompt_ids) != prompt:
                 raise ValueError(f"{call_id}: the trajectory's prompt is not the stored path + context ids")
-            prompt_len = len(prompt)
             ctx_node = parent
             if context[1]:
                 hit = next(
@@ -256,31 +244,16 @@ class TraceStore:
                     self._insert(hit)
                 ctx_node = hit.id
             ids = trajectory.token_ids
-            resp = next(  # an identical sample (same ids, same versions) after the same context is one node
-                (
-                    c
-                    for c in self.children(tree, ctx_node)
-                    if c.kind == RESPONSE and c.token_ids == ids and c.versions == trajectory.versions
-                ),
-                None,
-            )
+            same = [c for c in self.children(tree, ctx_node) if c.kind == RESPONSE and c.token_ids == ids]
+            # an identical sample (same ids, same versions) after the same context is one node
+            resp = next((c for c in same if c.versions == trajectory.versions), None)
             if resp is None:
                 resp = Node(0, tree, ctx_node, RESPONSE, text, ids, trajectory, session=session)
                 self._insert(resp)
             seq = len(self.calls)
             meta = dict(meta or {})
-            c = dict(
-                id=call_id,
-                session=session,
-                tree=tree,
-                context_node=ctx_node,
-                response_node=resp.id,
-                prompt_len=prompt_len,
-                output_len=len(ids),
-                finish=finish,
-                protocol=protocol,
-                meta=meta,
-            )
+            c = dict(id=call_id, session=session, tree=tree, context_node=ctx_node, response_node=resp.id)
+            c.update(prompt_len=len(prompt), output_len=len(ids), finish=finish, protocol=protocol, meta=meta)
             row = {**c, "seq": seq, "meta": json.dumps(meta)}
             self.db.execute(
                 f"INSERT INTO calls ({','.join(row)}) VALUES ({','.join('?' * len(row))})", tuple(row.values())
@@ -329,9 +302,7 @@ class TraceStore:
         Earlier branches left by a FORK stay in the store but are not part of this export.
         """
         last = self.calls[self.session_calls[session][-1]]
-        out: dict[str, list] = {
-            k: [] for k in ("token_ids", "loss_mask", "labels", "logprobs", "versions", "segment_ids")
-        }
+        out = {k: [] for k in ("token_ids", "loss_mask", "labels", "logprobs", "versions", "segment_ids")}
         spans, calls, v, k = [], [], 0, 0
         by_resp = {self.calls[cid]["response_node"]: cid for cid in self.session_calls[session]}
         for n in self.path(last["response_node"]):
@@ -358,16 +329,9 @@ class TraceStore:
         ex = self.session_export(session)
         start = ex["spans"][0][0]
         req = Request(session, ex["token_ids"][:start], group_id=tree_of(session))
-        t = Trajectory(
-            request=req,
-            token_ids=ex["token_ids"][start:],
-            logprobs=ex["logprobs"][start:],
-            versions=ex["versions"][start:],
-            loss_mask=ex["loss_mask"][start:],
-            routed_experts=self.nodes[self.calls[self.session_calls[session][-1]]["response_node"]].experts,
-            finish_reason="stop",
-            reward=reward,
-        )
+        experts = self.nodes[self.calls[self.session_calls[session][-1]]["response_node"]].experts
+        per_token = (ex[k][start:] for k in ("token_ids", "logprobs", "versions", "loss_mask"))
+        t = Trajectory(req, *per_token, routed_experts=experts, finish_reason="stop", reward=reward)
         t.validate()
         return t
 
