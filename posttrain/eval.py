@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,13 +173,8 @@ def sample(
     for p, row in enumerate(task.rows):
         ids = prompt_ids(row, tokenizer)
         for j in range(n):
-            params = SamplingParams(
-                max_new_tokens=task.max_new_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                seed=seed * 1_000_003 + p * 10_007 + j,
-                stop_token_ids=stop,
-            )
+            seed_j = seed * 1_000_003 + p * 10_007 + j
+            params = SamplingParams(task.max_new_tokens, temperature, top_p, seed=seed_j, stop_token_ids=stop)
             requests.append(Request(f"{row['id']}/{j}", ids, params, group_id=str(row["id"])))
     for traj in run_all(engine, requests, progress=progress):
         stopped = traj.finish_reason == FINISH_STOP
@@ -210,10 +204,12 @@ def evaluate(
     progress: bool = True,
 ) -> dict[str, Any]:
     """``repeats`` independent runs of :func:`sample`; summary = mean over runs (``_std``: their spread)."""
+    from posttrain.fit import progress_bar
+
     for k in ks:
         if k > n:
             raise ValueError(f"pass@{k} needs --n ≥ {k}")
-    bar = _bar(repeats * n * len(task.rows), progress)
+    bar = progress_bar(repeats * n * len(task.rows), progress, unit="sample")
     runs = []
     for r in range(repeats):
         results = sample(make_engine(), tokenizer, task, n, temperature, top_p, seed + r, bar.update)
@@ -259,13 +255,14 @@ def evaluate_agentic(
     from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
     from posttrain.agentic.jail import SandboxConfig
     from posttrain.agentic.tasks import INFRA, PASS, SimpleHarness, coding_tasks, verify
+    from posttrain.fit import progress_bar
 
     for k in ks:
         if k > n:
             raise ValueError(f"pass@{k} needs --n ≥ {k}")
     sandbox = sandbox or SandboxConfig()
     family = coding_tasks()[:tasks]
-    bar = _bar(repeats * n * len(family), progress, unit="session")
+    bar = progress_bar(repeats * n * len(family), progress, unit="session")
     runs, infra = [], 0
     for r in range(repeats):
         gw = Gateway(make_engine(), tokenizer, GatewayConfig(default_max_tokens=max_tokens, seed=seed + r))
@@ -316,13 +313,14 @@ def perplexity(
     import torch.nn.functional as F
 
     from formats.shards import iter_chunks, list_shards
+    from posttrain.fit import progress_bar
 
     nll, count, chunks = 0.0, 0, 0
     vocab = model.get_input_embeddings().num_embeddings
     files = list_shards(shards)
     if not files:
         raise FileNotFoundError(f"no shards under {shards}")
-    bar = _bar(None, progress, unit="chunk")
+    bar = progress_bar(None, progress, unit="chunk")
     model.eval()
     for chunk in (c for path in files for c in iter_chunks(path, parts=("segments",))):
         ids = [t for s in chunk.segments if s.kind == "text" for t in s.token_ids]
@@ -344,9 +342,3 @@ def perplexity(
     if count == 0:
         raise ValueError(f"no text tokens in {shards}")
     return {"perplexity": math.exp(nll / count), "nll_per_token": nll / count, "tokens": count, "chunks": chunks}
-
-
-def _bar(total: int | None, enabled: bool, unit: str = "sample") -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit=unit, disable=not enabled, file=sys.stderr, dynamic_ncols=True)

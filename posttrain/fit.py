@@ -2,7 +2,7 @@
 
 Used by the lemma agent's behavioural cloning (``lemma/train.py``, the cold start), on-policy distillation's SFT
 warm-up and toy teachers (``rl/distill.py``), the Memory Decoder's base, memory and router (``memdec/train.py``) and
-the online draft (``rl/draft.py``) and SFT (``sft.py``, on a DeepSpeed engine).
+the online draft (``rl/draft.py``) and SFT (``sft.py``, on a DeepSpeed engine); ``progress_bar`` is their loops' bar.
 
     python -c "from posttrain.fit import FitConfig, fit; from posttrain.tiny.lm import causal_lm; import torch; \
 m = causal_lm(16, 32); x = torch.randint(0, 16, (4, 8)); \
@@ -12,6 +12,7 @@ print(fit(m, [{'input_ids': x, 'attention_mask': torch.ones_like(x), 'loss_mask'
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -60,6 +61,13 @@ def right_pad(rows: Sequence[Sequence[int]], pad: int = 0) -> tuple[Tensor, Tens
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, : len(r)] = 1
     return ids, mask
+
+
+def progress_bar(total: int | None, enabled: bool = True, **kw: Any) -> Any:
+    """The progress bar of post-training's loops (tqdm on stderr; ``enabled`` False: a bar that draws nothing)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not enabled, file=sys.stderr, dynamic_ncols=True, **kw)
 
 
 def masked_ce(model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:

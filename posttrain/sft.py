@@ -381,7 +381,7 @@ def train(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from formats.rundir import RunDir
-    from posttrain.fit import fit
+    from posttrain.fit import fit, progress_bar
     from posttrain.fit import schedule as lr_schedule
 
     rank, world = setup()
@@ -411,7 +411,7 @@ def train(
         step = int(client["step"])
         data.load_state_dict(client["data"][rank])
         run.trim(step)
-    bar = _bar(cfg.steps, step, progress and rank == 0)
+    bar = progress_bar(cfg.steps, progress and rank == 0, initial=step, unit="step")
     rows: list[dict[str, Any]] = []
     total, micro = torch.zeros(2), 0
 
@@ -474,11 +474,3 @@ def _report_skipped(run: Path, skipped: list[dict[str, Any]], kept: int) -> None
         reasons = Counter(s["reason"].split(":")[0] for s in skipped)
         detail = ", ".join(f"{n} {r}" for r, n in reasons.most_common())
         print(f"sft: {kept} rows kept, {len(skipped)} skipped ({detail}); see {run / 'skipped.jsonl'}", flush=True)
-
-
-def _bar(total: int, start: int, enabled: bool) -> Any:
-    import sys
-
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=start, unit="step", disable=not enabled, file=sys.stderr, dynamic_ncols=True)

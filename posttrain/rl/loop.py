@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from formats.rundir import RunDir
-from posttrain.fit import FitConfig, fit, masked_ce
+from posttrain.fit import FitConfig, fit, masked_ce, progress_bar
 from posttrain.rl import engines
 from posttrain.rl.draft import DraftTrainer
 from posttrain.rl.learner import Learner
@@ -49,14 +49,8 @@ def build_task(cfg: RLConfig) -> JsonlTask:
 
 def sampling_params(cfg: RLConfig, tokenizer: Any) -> SamplingParams:
     stop = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
-    s = cfg.sampling
-    return SamplingParams(
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        stop_token_ids=stop,
-        return_routed_experts=engines.policy_is_moe(cfg.policy),
-    )
+    s, moe = cfg.sampling, engines.policy_is_moe(cfg.policy)
+    return SamplingParams(s.max_new_tokens, s.temperature, s.top_p, stop_token_ids=stop, return_routed_experts=moe)
 
 
 @dataclasses.dataclass
@@ -157,9 +151,9 @@ def run_stage(
         run_dir.write_config(stage.config())
         if not resume and (warm := warm_up(stage)) is not None:
             run_dir.log({"step": 0, **warm})
-        bar = _bar(progress, stage.steps, start, stage.name)
+        bar = progress_bar(stage.steps, progress, initial=start, desc=stage.name, unit="step")
         postfix: dict[str, str] = {}
-        if bar is not None and (sched := getattr(stage, "sched", None)) is not None:
+        if progress and (sched := getattr(stage, "sched", None)) is not None:
             drawn = [0.0]
 
             def show_drop(dropped: int, in_a_row: int) -> None:  # as it happens, not once a batch is complete
@@ -185,16 +179,14 @@ def run_stage(
             ckpt = {"step": step, "learner": stage.learner.state_dict(), "stage": stage.state_dict()}
             run_dir.save_checkpoint(lambda f, c=ckpt: torch.save(c, f))
             rows.append(row)
-            if bar is not None:
-                postfix["reward"] = f"{row.get('reward', float('nan')):.3f}"
-                bar.set_postfix(postfix, refresh=False)
-                bar.update(1)
+            postfix["reward"] = f"{row.get('reward', float('nan')):.3f}"
+            bar.set_postfix(postfix, refresh=False)
+            bar.update(1)
             if on_step is not None:
                 on_step(step, row)
             if export_every and step % export_every == 0:
                 export(stage.learner.model, stage.tokenizer, run_dir.policy)
-        if bar is not None:
-            bar.close()
+        bar.close()
     finally:
         run_dir.close()
         stage.close()
@@ -316,14 +308,6 @@ def metrics_row(batch: Batch, lm: dict[str, float]) -> dict[str, Any]:
     }
     row.update(lm)  # every learner metric, and the draft's, the fused engine's
     return row
-
-
-def _bar(progress: bool, total: int, start: int, desc: str) -> Any:
-    if not progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=start, desc=desc, unit="step")
 
 
 def export(model: torch.nn.Module, tokenizer: Any, path: Path) -> Path:
