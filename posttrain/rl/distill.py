@@ -37,7 +37,7 @@ import copy
 import json
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -458,18 +458,12 @@ class DistillStage(Stage):
     def _requests(
         self, tag: str, by_domain: dict[str, list[list[int]]], n: int, seed0: int, routes: bool = False
     ) -> list[Request]:
-        reqs = []
+        kw = dict(stop_token_ids=self.stop, ignore_eos=not self.stop, return_routed_experts=routes)
+        base, reqs = SamplingParams(self.cfg.max_new_tokens, self.cfg.temperature, **kw), []
         for d, ps in by_domain.items():
             for qi, p in enumerate(ps):
                 for s in range(n):
-                    sp = SamplingParams(
-                        max_new_tokens=self.cfg.max_new_tokens,
-                        temperature=self.cfg.temperature,
-                        stop_token_ids=self.stop,
-                        ignore_eos=not self.stop,
-                        seed=seed0 + len(reqs),
-                        return_routed_experts=routes,
-                    )
+                    sp = replace(base, seed=seed0 + len(reqs))
                     reqs.append(Request(f"{tag}-{d}-{qi}-{s}", p, sp, group_id=f"{tag}-{d}-{qi}", meta={"domain": d}))
         return reqs
 

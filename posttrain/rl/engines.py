@@ -205,10 +205,6 @@ def _in_hub_cache(name: str) -> bool:
         return False
 
 
-def engine_dtype(cfg: Any) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.policy.dtype]
-
-
 def _dense_config(config: Any) -> Any:
     """A copy of the policy's config for a dense Qwen2 beside it (the tiny draft, the tiny memory): an MoE policy's
     config keeps its vocabulary, attention and special tokens and loses its experts."""
@@ -293,27 +289,15 @@ class EngineFactory:
         if kind == "vllm":
             from posttrain.rollout.engines.vllm import VLLMConfig, VLLMEngine
 
-            return VLLMEngine(
-                VLLMConfig(
-                    model=cfg.policy.path,
-                    capacity=self.capacity,
-                    version=self.version,
-                    return_routed_experts=policy_is_moe(cfg.policy),
-                    engine_args={"dtype": cfg.policy.dtype},
-                )
-            )
+            moe, args = policy_is_moe(cfg.policy), {"dtype": cfg.policy.dtype}
+            return VLLMEngine(VLLMConfig(cfg.policy.path, self.capacity, self.version, moe, engine_args=args))
         build = self.build or (lambda: build_policy(cfg.policy)[0])
-        policy = build().to(engine_dtype(cfg)).eval()
+        policy = build().to({"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.policy.dtype]).eval()
         if kind == "speculative":
             from posttrain.rollout.engines.speculative import SpeculativeEngine
 
-            engine = SpeculativeEngine(
-                policy,
-                build_draft(cfg, policy).eval(),
-                k=cfg.speculative.k,
-                capacity=self.capacity,
-                version=self.version,
-            )
+            draft = build_draft(cfg, policy).eval()
+            engine = SpeculativeEngine(policy, draft, k=cfg.speculative.k, capacity=self.capacity, version=self.version)
         else:
             from posttrain.rollout.engines.hf import HFEngine
 

@@ -99,13 +99,10 @@ def pack(trajs: list[Trajectory], version: int | None = None) -> Packed:
     n = len(trajs)
     ids, att = fit.right_pad([t.prompt_ids + t.token_ids for t in trajs])
     T = max(max(t.n_tokens for t in trajs), 1)
-    pos = torch.zeros(n, T, dtype=torch.long)
-    tok = torch.zeros(n, T, dtype=torch.long)
-    rmask = torch.zeros(n, T, dtype=torch.bool)
-    beh = torch.zeros(n, T, dtype=torch.float32)
+    pos, tok = torch.zeros(n, T, dtype=torch.long), torch.zeros(n, T, dtype=torch.long)
+    rmask, mmask = torch.zeros(n, T, dtype=torch.bool), torch.zeros(n, T, dtype=torch.bool)
+    beh, matched = torch.zeros(n, T, dtype=torch.float32), torch.zeros(n, T, dtype=torch.float32)
     ver = torch.full((n, T), -1, dtype=torch.long)
-    matched = torch.zeros(n, T, dtype=torch.float32)
-    mmask = torch.zeros(n, T, dtype=torch.bool)
     for i, t in enumerate(trajs):
         if version is not None:
             for j, lp in enumerate(t.engine_logprobs_at(version)):
@@ -204,14 +201,10 @@ class Learner:
         B, G, T = len(groups), max(len(g) for g in groups), p.tokens.shape[1]
         slot = [(b, j) for b, g in enumerate(groups) for j in range(len(g))]
         bi, gj = torch.tensor([s[0] for s in slot]), torch.tensor([s[1] for s in slot])
-        rewards = torch.zeros(B, G)
-        rewards[bi, gj] = torch.tensor([float(t.reward) for t in trajs])
-        gmask = torch.zeros(B, G, dtype=torch.bool)
-        gmask[bi, gj] = True
-        beh3 = torch.zeros(B, G, T)
-        tm3 = torch.zeros(B, G, T, dtype=torch.bool)
-        beh3[bi, gj] = p.behaviour
-        tm3[bi, gj] = p.response_mask
+        rewards, gmask = torch.zeros(B, G), torch.zeros(B, G, dtype=torch.bool)
+        rewards[bi, gj], gmask[bi, gj] = torch.tensor([float(t.reward) for t in trajs]), True
+        beh3, tm3 = torch.zeros(B, G, T), torch.zeros(B, G, T, dtype=torch.bool)
+        beh3[bi, gj], tm3[bi, gj] = p.behaviour, p.response_mask
         shaped = shape(rewards, beh3, tm3, gmask, cfg.shaping)
         metrics = self.update(p, shaped.advantages[bi, gj])
         metrics["group_entropy"] = float(shaped.entropy.mean())
@@ -239,9 +232,7 @@ class Learner:
             if cfg.bkl_phi > 0:
                 ok = bkl_mask_from_logprobs(lp_now, p.matched, BklConfig(cfg.bkl_phi))
                 keep &= ok | ~compared
-            ref = (
-                token_logprobs(self.reference, p, self.temperature, self.top_p) if self.reference is not None else None
-            )
+            ref = None if self.reference is None else token_logprobs(self.reference, p, self.temperature, self.top_p)
 
         if callable(adv):
             adv = adv(lp_now)
@@ -293,8 +284,7 @@ class Learner:
             "lr": self.schedulers[0].get_last_lr()[0],
         }
         if p.routes is not None:
-            out["r3_replayed_tokens"] = float(r3.get("r3_replayed_tokens", 0))
-            out["r3_changed_routes"] = float(r3.get("r3_changed_routes", 0))
+            out |= {k: float(r3.get(k, 0)) for k in ("r3_replayed_tokens", "r3_changed_routes")}
         return out
 
     def state_dict(self) -> dict[str, Any]:
