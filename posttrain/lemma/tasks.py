@@ -48,13 +48,6 @@ def _divisor_count(n: int) -> int:
     return count
 
 
-def _least_square(n: int) -> int:
-    t = 1
-    while t * t < n:
-        t += 1
-    return t
-
-
 @dataclass(frozen=True)
 class StepKind:
     """One kind of step: how it reads in the problem, its lemma, its value, and a plausible wrong result."""
@@ -164,7 +157,7 @@ KINDS: dict[str, StepKind] = {
             "least",
             "Let {cur} be the least integer t >= 1 with t^2 >= {prev} + {a}.",
             "least t >= 1: t**2 >= {v} + {a} -> {rhs}",
-            lambda v, p: _least_square(v + p["a"]),
+            lambda v, p: math.isqrt(max(v + p["a"] - 1, 0)) + 1,  # the least t >= 1 with t*t >= v + a
             lambda v, p: v + p["a"] <= 10**6,
             lambda r, m: {"a": r.randint(1, _mag(m, 60))},
         ),
@@ -280,15 +273,9 @@ def read_chain(prompt: str) -> tuple[int, list[tuple[StepKind, dict[str, int]]]]
 def verify_answer(completion: str, row: dict[str, Any], stopped: bool) -> float:
     """The family's verifier in ``posttrain/rl/task.py``'s signature: 1 iff the last ``ANSWER:`` (or
     ``\\boxed{}``) equals the row's answer by math-verify."""
-    ans = parse_answer(completion)
-    if ans is None:
-        m = re.findall(r"\\boxed\{([^{}]*)\}", completion)
-        if not m:
-            return 0.0
-        value = m[-1]
-    else:
-        value = ans.value
-    return float(answers_match(value, str(row["answer"])))
+    ans, boxed = parse_answer(completion), re.findall(r"\\boxed\{([^{}]*)\}", completion)
+    value = ans.value if ans is not None else (boxed[-1] if boxed else None)
+    return 0.0 if value is None else float(answers_match(value, str(row["answer"])))
 
 
 def main(argv: list[str] | None = None) -> int:
