@@ -202,10 +202,6 @@ def _prompt_of(t: Trajectory) -> Prompt:
     return Prompt(t.request.meta.get("prompt_id", t.group_id), list(t.prompt_ids), meta)
 
 
-def _identical(rewards: list[float], atol: float) -> bool:
-    return max(rewards) - min(rewards) <= atol
-
-
 class PartialRolloutScheduler:
     """Drives a ``RolloutEngine`` for a learner (see the module docstring)."""
 
@@ -318,12 +314,9 @@ class PartialRolloutScheduler:
         self._restarted.add(t.request_id)
 
     def _resume_paused(self) -> None:
-        back = []
-        for t in self._paused:
-            if self._stale(t):
-                self._discard(t)
-            back.append(t)
-        self._paused = []
+        back, self._paused = self._paused, []
+        for t in filter(self._stale, back):
+            self._discard(t)
         if back:
             self.engine.resume(back)
 
@@ -378,7 +371,8 @@ class PartialRolloutScheduler:
                 self._discard(m)
             self.engine.resume(stale)
             return
-        if self.config.dapo and _identical([m.reward for m in members], self.config.dapo_atol):
+        rewards = [m.reward for m in members]
+        if self.config.dapo and max(rewards) - min(rewards) <= self.config.dapo_atol:  # all identical
             self.totals["dapo_dropped_groups"] += 1
             self.totals["dapo_dropped_tokens"] += sum(m.n_tokens for m in members)
             self._dropped += [
