@@ -425,32 +425,22 @@ class Messages(Protocol):
             if not opened:
                 yield "content_block_start", text_start
                 opened = True
-            yield (
-                "content_block_delta",
-                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": delta}},
-            )
+            text_delta = {"type": "text_delta", "text": delta}
+            yield "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": text_delta}
         g = s.generation
         for i, b in enumerate(_blocks(g)):
             if b["type"] == "text":
                 if not opened:
                     yield "content_block_start", text_start
             else:
-                yield (
-                    "content_block_start",
-                    {"type": "content_block_start", "index": i, "content_block": {**b, "input": {}}},
-                )
+                block = {**b, "input": {}}
+                yield "content_block_start", {"type": "content_block_start", "index": i, "content_block": block}
                 for p in _pieces(json.dumps(b["input"])):
                     delta = {"type": "input_json_delta", "partial_json": p}
                     yield "content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}
             yield "content_block_stop", {"type": "content_block_stop", "index": i}
-        yield (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": _STOP[g.finish], "stop_sequence": None},
-                "usage": {"output_tokens": g.completion_tokens},
-            },
-        )
+        stop = {"stop_reason": _STOP[g.finish], "stop_sequence": None}
+        yield "message_delta", {"type": "message_delta", "delta": stop, "usage": {"output_tokens": g.completion_tokens}}
         yield "message_stop", {"type": "message_stop"}
 
     def stream_error(self, message: str, n_sent: int) -> tuple[str | None, Any]:
