@@ -30,18 +30,27 @@ KV = list[tuple[Tensor, Tensor]]
 
 
 def forward_kv(
-    model: torch.nn.Module, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: KV | None, rec: Any = None
+    model: Any, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: KV | None, rec: Any = None, keep: int = 0
 ) -> tuple[Tensor, KV, Tensor | None]:
     """One forward of ``model`` over per-layer caches ``kv`` (None or ``[]``: none yet), inside the R3 recorder
-    ``rec`` when given: (logits, the new per-layer caches, the routes ``rec.end()`` returned or None)."""
+    ``rec`` when given: (logits, the new per-layer caches, the routes ``rec.end()`` returned or None). ``keep`` > 0:
+    the logits of the last ``keep`` positions only (a prefill then skips the LM head on the rest of the prompt)."""
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
-    cache = DynamicCache(ddp_cache_data=kv, config=model.config) if kv else DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config)
+    for layer, (k, v) in zip(cache.layers, kv or ()):
+        if type(layer) is DynamicLayer:  # adopt the tensors: update() would copy them (a cat onto an empty tensor)
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+        else:
+            layer.update(k, v)
     if rec is not None:
         rec.begin()
-    o = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    extra = {"logits_to_keep": keep} if keep else {}
+    o = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, **extra)
     experts = rec.end() if rec is not None else None
-    return o.logits, [(layer.keys, layer.values) for layer in o.cache.layers], experts
+    return o.logits[:, -keep:] if keep else o.logits, [(layer.keys, layer.values) for layer in o.cache.layers], experts
 
 
 def left_pad(kvs: list[KV], new: int) -> tuple[KV, Tensor | None, list[int]]:
@@ -63,11 +72,27 @@ def left_pad(kvs: list[KV], new: int) -> tuple[KV, Tensor | None, list[int]]:
     return out, mask, lens
 
 
-@dataclass
+@dataclass(eq=False)
 class _Running:
     traj: Trajectory
     kv: list[tuple[Tensor, Tensor]] | None = None
     """Per layer (keys, values) ``[1, H, L, D]`` covering every fed position; None = needs prefill."""
+    batch: _Batch | None = None
+    """The padded decode batch ``kv`` is a view of (reused while the bucket's rows stay the same)."""
+
+
+@dataclass(eq=False)
+class _Batch:
+    """A decode bucket's left-padded cache after its forward: the next step feeds it as is (mask one column longer)
+    while the same rows, in the same order, still hold exactly these views, instead of padding them again."""
+
+    kv: KV
+    mask: Tensor | None
+    lens: list[int]
+    rows: list[tuple[_Running, KV]]
+
+    def fits(self, rows: list[_Running]) -> bool:
+        return len(rows) == len(self.rows) and all(a is b and a.kv is v for a, (b, v) in zip(rows, self.rows))
 
 
 class HFEngine(QueuedEngine):
@@ -116,8 +141,8 @@ class HFEngine(QueuedEngine):
         return out
 
     # -- internals ------------------------------------------------------------------------------------
-    def _forward(self, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: KV | None):  # noqa: ANN202
-        return forward_kv(self.model, ids, mask, pos, kv, self.experts_recorder)
+    def _forward(self, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: KV | None, keep: int = 0):  # noqa: ANN202
+        return forward_kv(self.model, ids, mask, pos, kv, self.experts_recorder, keep)
 
     def _buckets(self, warm: list[_Running], length=None) -> list[list[_Running]]:  # noqa: ANN001
         """Split the decode batch by KV length so one long request does not pad every row to its length:
@@ -149,7 +174,8 @@ class HFEngine(QueuedEngine):
             mask[i, lmax - len(q) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         one = len(seqs) == 1  # no padding: the plain unmasked forward
-        logits, kv, experts = self._forward(ids, None if one else mask, None if one else pos, None)
+        keep = max(r.traj.n_tokens for r in fresh) + 1  # the last prompt position and every kept token's
+        logits, kv, experts = self._forward(ids, None if one else mask, None if one else pos, None, keep)
         rows = []
         for i, (r, q) in enumerate(zip(fresh, seqs)):
             off = lmax - len(q)
@@ -157,7 +183,7 @@ class HFEngine(QueuedEngine):
             self._record(r.traj, experts[i : i + 1] if experts is not None else None, 0, len(q), offset=off)
             t = r.traj
             if t.n_tokens:  # resumed: the kept tokens' logprobs under the weights loaded now (matched-weights BKL)
-                p0 = off + len(t.prompt_ids) - 1
+                p0 = keep - t.n_tokens - 1  # the last prompt position, counted in the kept logits
                 pr = t.request.params
                 t.rescore(
                     token_logprobs_of(logits[i, p0 : p0 + t.n_tokens], t.token_ids, pr.temperature, pr.top_p),
@@ -167,7 +193,8 @@ class HFEngine(QueuedEngine):
         return rows
 
     def _decode(self, warm: list[_Running]) -> list[tuple[_Running, Tensor]]:
-        kv, mask, lens = left_pad([r.kv for r in warm], 1)
+        b = warm[0].batch
+        kv, mask, lens = (b.kv, b.mask, b.lens) if b is not None and b.fits(warm) else left_pad([r.kv for r in warm], 1)
         lmax = max(lens)
         ids = torch.tensor([[r.traj.token_ids[-1]] for r in warm])
         pos = torch.tensor([[n] for n in lens])
@@ -177,6 +204,10 @@ class HFEngine(QueuedEngine):
             r.kv = [(k[i : i + 1, :, lmax - n :], v[i : i + 1, :, lmax - n :]) for k, v in new]
             self._record(r.traj, experts[i : i + 1] if experts is not None else None, n, n + 1)
             rows.append((r, logits[i, -1]))
+        nxt = None if mask is None else torch.cat([mask, mask.new_ones(len(warm), 1)], 1)
+        batch = _Batch(new, nxt, [n + 1 for n in lens], [(r, r.kv) for r in warm])
+        for r in warm:
+            r.batch = batch
         return rows
 
     def _record(self, traj: Trajectory, experts: Tensor | None, start: int, stop: int, offset: int = 0) -> None:
