@@ -295,13 +295,7 @@ def sft_loss(model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
     """Mean cross-entropy over the batch's target tokens, and the logits (tests probe their gradient)."""
     import torch.nn.functional as F
 
-    out = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        use_cache=False,
-    )
-    logits = out.logits
+    logits = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}, use_cache=False).logits
     targets = batch["targets"]
     n = (targets != IGNORE).sum().clamp(min=1)
     loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
@@ -427,14 +421,8 @@ def train(
             return
         step += 1
         dist.all_reduce(total)
-        mean = total[0].item() / (world * cfg.grad_accum)
-        row = {
-            "step": step,
-            "loss": mean,
-            "target_tokens": int(total[1].item()),
-            "lr": engine.get_lr()[0],
-            "epoch": data.epoch,
-        }
+        mean, n_target = total[0].item() / (world * cfg.grad_accum), int(total[1].item())
+        row = {"step": step, "loss": mean, "target_tokens": n_target, "lr": engine.get_lr()[0], "epoch": data.epoch}
         total = torch.zeros(2)
         rows.append(row)
         run.log(row)
