@@ -59,10 +59,6 @@ def encode_keys(base, examples: Sequence[Example], pad_id: int) -> tuple[np.ndar
     return ids, keys, values
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    fs.write_text(path, json.dumps(obj))  # atomic: a reader sees the old cursor or the new one, never half of one
-
-
 def build_datastore(
     base,
     examples: Sequence[Example],
@@ -85,8 +81,7 @@ def build_datastore(
         if cursor.get("source") != source:
             raise ValueError(f"cursor {cursor_path} belongs to {cursor.get('source')!r}, not {source!r}")
     resumed_from = cursor["next"]
-    dim = base.config.hidden_size
-    store.ensure(dim)
+    store.ensure(base.config.hidden_size)
     for batch_no, start in enumerate(range(resumed_from, len(examples), batch_examples)):
         part = examples[start : start + batch_examples]
         ids, keys, values = encode_keys(base, part, pad_id)
@@ -95,7 +90,7 @@ def build_datastore(
         if after_upsert is not None:
             after_upsert(batch_no)
         cursor = {"next": start + len(part), "keys": cursor["keys"] + len(ids), "source": source}
-        _write_json(cursor_path, cursor)
+        fs.write_text(cursor_path, json.dumps(cursor))  # atomic: a reader sees the old cursor or the new one
         if progress is not None:
             progress(len(part))
     return {"examples": len(examples), "keys": cursor["keys"], "resumed_from": resumed_from}

@@ -163,10 +163,7 @@ def fit_router(cfg: MemdecConfig, quiet: bool = False) -> dict:
     general = load_examples(cfg.path("general_train"), tok, cfg.datastore.max_len)
     r = cfg.router
     with _bar(r.steps, "router (Eq 4)", quiet) as bar:
-        router = train_router(
-            base, memory, domain, general, tok.pad_token_id, r.width, r.steps, r.batch, r.lr, r.alpha_s, cfg.seed,
-            _loss_cb(bar),
-        )  # fmt: skip
+        router = train_router(base, memory, domain, general, tok.pad_token_id, r, cfg.seed, _loss_cb(bar))
     rc = RouterConfig(base.config.hidden_size, memory.config.hidden_size, width=r.width)
     save_router(router, cfg.router_path, rc)
     return {"router": str(cfg.router_path)}

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from formats.rundir import CHECKPOINT, RunDir
 from posttrain.fit import FitConfig, fit, schedule
+from posttrain.memdec.config import RouterTrainConfig
 from posttrain.memdec.data import Batch, Example, batches, collate, forward, gold, shifted
 from posttrain.objectives.memory_decoder import Router, RouterConfig, router_loss, sparse_memory_loss
 
@@ -173,28 +174,25 @@ def train_router(
     domain: Sequence[Example],
     general: Sequence[Example],
     pad_id: int,
-    width: int,
-    steps: int,
-    batch: int,
-    lr: float,
-    alpha_s: float,
+    r: RouterTrainConfig,
     seed: int,
     progress: Progress = None,
 ) -> Router:
-    """Eq 4 on a half-domain, half-general mixture; base and memory stay frozen (no_grad, eval mode)."""
+    """Eq 4 on a half-domain, half-general mixture (``r``: width, steps, batch, lr, α_s); base and memory stay frozen
+    (no_grad, eval mode)."""
     torch.manual_seed(seed)
-    router = Router(RouterConfig(base.config.hidden_size, memory.config.hidden_size, width=width))
-    opt = torch.optim.Adam(router.parameters(), lr=lr)
-    sched = schedule(opt, steps, "cosine", 0.1)
-    half = max(1, batch // 2)
+    router = Router(RouterConfig(base.config.hidden_size, memory.config.hidden_size, width=r.width))
+    opt = torch.optim.Adam(router.parameters(), lr=r.lr)
+    sched = schedule(opt, r.steps, "cosine", 0.1)
+    half = max(1, r.batch // 2)
     dom, gen = batches(domain, half, seed), batches(general, half, seed + 1)
-    mixes = (next(dom) + next(gen) for _ in range(steps))
+    mixes = (next(dom) + next(gen) for _ in range(r.steps))
     flags = [True] * half + [False] * half
 
     def loss_fn(router: Router, exs: list[Example]) -> torch.Tensor:  # Eq 4; base and memory frozen
         b = collate(exs, pad_id)
         hb, hm, pb, pm = frozen_outputs(base, memory, b)
-        return router_loss(pb, pm, router(hb, hm, pb, pm), gold(b), domain_mask(exs, flags), alpha_s=alpha_s)
+        return router_loss(pb, pm, router(hb, hm, pb, pm), gold(b), domain_mask(exs, flags), alpha_s=r.alpha_s)
 
     losses: list[float] = []
     tick = None if progress is None else (lambda _, loss: losses.append(loss) or progress(len(losses), loss))
