@@ -29,7 +29,7 @@ import argparse
 import json
 import sys
 
-from pipelines.cli import sft
+from pipelines.cli import sft, tasks
 from pipelines.cli.options import add_recipe_args, recipe_config
 
 # Recipe notes for --help, here rather than read from the recipes' docstrings: importing those pulls in torch,
@@ -159,6 +159,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     memdec.register(sub, alias=False)  # `scifolio posttrain memdec` = `scifolio memdec`
 
     sft.add_parser(sub)  # `posttrain sft`: its flags and dispatch live in pipelines/cli/sft.py
+    tasks.add_parser(sub)  # `posttrain tasks figures`: pipelines/cli/tasks.py
 
 
 def run_gateway(args: argparse.Namespace) -> int:

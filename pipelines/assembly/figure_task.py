@@ -1,0 +1,214 @@
+"""A verifiable multimodal task from a corpus build: "which caption belongs to this figure?" (issue 37, item 3).
+
+    scifolio posttrain tasks figures --shards out/ --out tasks/figures            # DIR/train.jsonl, DIR/test.jsonl
+    scifolio eval --model VLM --task jsonl --data tasks/figures/test.jsonl --n 4 --k 1,4 --out fig.json
+
+Reads ``scifolio build``'s output through ``formats.shards`` (manifest order) and, for every cropped figure and
+table whose caption the build kept, writes one multiple-choice row: the crop as an OpenAI-style ``image_url`` part
+holding a PNG data URL (rows are self-contained: a jsonl copied or read from ``gs://`` needs no image files beside
+it), then the question with ``choices`` captions, lettered A, B, ...; the answer is the letter (``--verifier
+exact``). Distractors are other crops' captions, of the same kind and the same split first (then any kind in the
+split, then the whole corpus; rows that needed the corpus are counted), drawn and shuffled with a fixed seed.
+``train.jsonl`` and ``test.jsonl`` hold disjoint documents (a seeded shuffle of the documents with a caption).
+
+How a caption is found: shards keep captions as text (``pipelines.assembly.interleave``), not linked to their
+crop. Each document's chunks are stitched back into one stream (a chunk's first ``overlap`` tokens repeat the end
+of the previous chunk: the repeated text and images are matched and dropped), split into paragraphs, and a crop's
+caption is the paragraph right after it (a table's: right before it first) when that paragraph starts with a label
+of the crop's kind ("Figure 3", "Fig. 2", "Scheme 1"; "Table 4"). Everything else is skipped and counted with its
+reason: ``no_caption``, ``caption_too_long``, ``caption_taken`` (the paragraph is already another crop's caption),
+``equation_text_not_in_shards`` (a cropped equation's text is replaced by its image in the shards, so there is no
+known text to ask about), ``too_few_captions`` (fewer than ``choices`` distinct captions in the corpus).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from formats import fs
+from formats.chat_images import data_url
+from formats.manifest import MANIFEST_NAME, Manifest
+from formats.shards import ChunkRow, ShardFile, list_shards
+
+LETTERS = "ABCDEFGHIJ"
+_PARAGRAPH = re.compile(r"\n\s*\n")
+_IMAGE = re.compile(r"^\x00(\w+)\x00$")
+LABELS = {
+    "figure": re.compile(r"^(fig(ure)?s?\.?|scheme|chart|plate|graph)\s*[a-z]?\d+", re.IGNORECASE),
+    "table": re.compile(r"^tab(le)?s?\.?\s*[a-z]?\d+", re.IGNORECASE),
+}
+"""The caption labels of each crop kind (a caption is a paragraph that starts with one)."""
+
+
+@dataclass(frozen=True)
+class FigureTaskConfig:
+    seed: int = 0
+    """Seeds the document split, the distractors and the order of the choices."""
+    test_fraction: float = 0.2
+    """Share of the documents (with at least one captioned crop) in ``test.jsonl``; at least one when there are two."""
+    choices: int = 4
+    """Options per question (the answer and ``choices - 1`` distractors)."""
+    max_caption_chars: int = 600
+    """Longer captions are skipped (``caption_too_long``)."""
+
+
+@dataclass(frozen=True)
+class CaptionedCrop:
+    doc_id: str
+    sha256: str
+    kind: str
+    png: bytes
+    caption: str
+
+
+def stitch(chunks: Sequence[ChunkRow], overlap: int) -> str:
+    """One document's chunks (any order) → its text with each image as its own paragraph ``\\x00sha256\\x00``; the
+    overlap a chunk repeats from the previous one is found by matching and kept once."""
+    text = ""
+    for c in sorted(chunks, key=lambda c: c.chunk_index):
+        part, page = "", None
+        for s in c.segments:
+            sep = "\n\n" if page is not None and s.page_index != page else ""
+            part += f"\n\n\x00{s.image_sha256}\x00\n\n" if s.kind == "image" else sep + s.text
+            page = s.page_index
+        text = _merge(text, part, overlap) if overlap else text + part
+    return text
+
+
+def _merge(text: str, part: str, overlap: int) -> str:
+    """``text + part`` with the longest prefix of ``part`` that ``text`` ends with written once (looked for in the
+    last characters ``overlap`` tokens can span; an image in the overlap is one marker)."""
+    at = text.find(part[:1], max(0, len(text) - min(len(part), 64 * overlap + 1024))) if part else -1
+    while at >= 0:
+        if part.startswith(text[at:]):
+            return text[:at] + part
+        at = text.find(part[0], at + 1)
+    return text + part
+
+
+def captioned_crops(out: str, cfg: FigureTaskConfig = FigureTaskConfig()) -> tuple[list[CaptionedCrop], Counter]:
+    """Every captioned figure/table crop of a build output ``out``, and the crops skipped by reason."""
+    overlap = 0
+    if fs.exists(fs.join(out, MANIFEST_NAME)):
+        overlap = int(Manifest.read(out).config.get("overlap") or 0)
+    docs: dict[str, list[ChunkRow]] = {}
+    for path in list_shards(out):
+        for c in ShardFile(path).iter_chunks(("segments", "images")):
+            docs.setdefault(c.doc_id, []).append(c)
+    crops, skipped = [], Counter()
+    for doc_id, chunks in docs.items():
+        images = {i.sha256: i for c in chunks for i in c.images}
+        paras = [
+            " ".join(p.split()) if not _IMAGE.match(p.strip()) else p.strip()
+            for p in _PARAGRAPH.split(stitch(chunks, overlap))
+        ]
+        paras = [p for p in paras if p]
+        seen, taken = set(), set()
+        for i, p in enumerate(paras):
+            m = _IMAGE.match(p)
+            if not m or m.group(1) in seen:
+                continue
+            seen.add(sha := m.group(1))
+            kind = images[sha].kind if sha in images else ""
+            if kind not in LABELS:
+                skipped["equation_text_not_in_shards" if kind == "equation" else f"kind_{kind or 'unknown'}"] += 1
+                continue
+            order = (i - 1, i + 1) if kind == "table" else (i + 1, i - 1)
+            near = [paras[j] for j in order if 0 <= j < len(paras) and not _IMAGE.match(paras[j])]
+            caption = next((t for t in near if LABELS[kind].match(t)), None)
+            if caption is None:
+                skipped["no_caption"] += 1
+            elif len(caption) > cfg.max_caption_chars:
+                skipped["caption_too_long"] += 1
+            elif caption in taken:
+                skipped["caption_taken"] += 1
+            else:
+                taken.add(caption)
+                crops.append(CaptionedCrop(doc_id, sha, kind, images[sha].png, caption))
+    return crops, skipped
+
+
+def split_documents(doc_ids: Iterable[str], cfg: FigureTaskConfig) -> tuple[set[str], set[str]]:
+    """(train, test) document ids: a seeded shuffle, ``test_fraction`` of them (at least one of two or more) to test."""
+    docs = sorted(set(doc_ids))
+    random.Random(cfg.seed).shuffle(docs)
+    n_test = max(1, round(cfg.test_fraction * len(docs))) if len(docs) >= 2 else 0
+    return set(docs[n_test:]), set(docs[:n_test])
+
+
+def question_row(crop: CaptionedCrop, distractors: Sequence[str], seed: int) -> dict[str, Any]:
+    """One multiple-choice row: the crop as a data URL, the captions lettered in a seeded order, the letter as answer."""
+    options = [crop.caption, *distractors]
+    random.Random(f"{seed}:{crop.doc_id}:{crop.sha256}").shuffle(options)
+    listed = "\n".join(f"{LETTERS[i]}) {c}" for i, c in enumerate(options))
+    question = f"Which caption belongs to this {crop.kind}?\n{listed}\nAnswer with the letter only."
+    content = [{"type": "image_url", "image_url": {"url": data_url(crop.png)}}, {"type": "text", "text": question}]
+    return {
+        "id": f"{crop.doc_id[:16]}-{crop.sha256[:16]}",
+        "messages": [{"role": "user", "content": content}],
+        "answer": LETTERS[options.index(crop.caption)],
+        "kind": crop.kind,
+        "doc_id": crop.doc_id,
+        "image_sha256": crop.sha256,
+    }
+
+
+def build_rows(
+    crops: Sequence[CaptionedCrop], cfg: FigureTaskConfig = FigureTaskConfig()
+) -> tuple[dict[str, list[dict[str, Any]]], Counter]:
+    """``{"train": rows, "test": rows}`` from captioned crops, and counts (skips, cross-split distractors)."""
+    if not 2 <= cfg.choices <= len(LETTERS):
+        raise ValueError(f"choices must be in 2..{len(LETTERS)}, got {cfg.choices}")
+    counts = Counter()
+    if len({c.caption for c in crops}) < cfg.choices:
+        counts["too_few_captions"] = len(crops)
+        return {"train": [], "test": []}, counts
+    train, test = split_documents((c.doc_id for c in crops), cfg)
+    split_of = {d: "train" for d in train} | {d: "test" for d in test}
+    out: dict[str, list[dict[str, Any]]] = {"train": [], "test": []}
+    for crop in crops:
+        split = split_of[crop.doc_id]
+        pools = (
+            [c for c in crops if split_of[c.doc_id] == split and c.kind == crop.kind],
+            [c for c in crops if split_of[c.doc_id] == split],
+            list(crops),
+        )
+        rng = random.Random(f"{cfg.seed}:distractors:{crop.doc_id}:{crop.sha256}")
+        picked: list[str] = []
+        for level, pool in enumerate(pools):
+            options = sorted({c.caption for c in pool} - {crop.caption} - set(picked))
+            picked += rng.sample(options, min(len(options), cfg.choices - 1 - len(picked)))
+            if len(picked) == cfg.choices - 1:
+                counts["distractors_from_other_split"] += level == 2
+                break
+        out[split].append(question_row(crop, picked, cfg.seed))
+    return out, counts
+
+
+def write_figure_task(shards: str, out: str, cfg: FigureTaskConfig = FigureTaskConfig()) -> dict[str, Any]:
+    """``out/train.jsonl``, ``out/test.jsonl`` and ``out/summary.json`` from the build output ``shards``; returns
+    the summary (rows and documents per split, crops skipped by reason)."""
+    import json
+
+    crops, skipped = captioned_crops(shards, cfg)
+    rows, counts = build_rows(crops, cfg)
+    fs.makedirs(out)
+    for split, split_rows in rows.items():
+        fs.write_jsonl(fs.join(out, f"{split}.jsonl"), split_rows)
+    summary = {
+        "shards": str(shards),
+        "rows": {s: len(r) for s, r in rows.items()},
+        "documents": {s: len({r["doc_id"] for r in rows[s]}) for s in rows},
+        "kinds": dict(Counter(r["kind"] for s in rows.values() for r in s)),
+        "crops_captioned": len(crops),
+        "skipped": dict(skipped + Counter({"too_few_captions": counts["too_few_captions"]})),
+        "distractors_from_other_split": counts["distractors_from_other_split"],
+        "config": {"seed": cfg.seed, "test_fraction": cfg.test_fraction, "choices": cfg.choices},
+    }
+    fs.write_text(fs.join(out, "summary.json"), json.dumps(summary, indent=2))
+    return summary
