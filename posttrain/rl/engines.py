@@ -184,14 +184,16 @@ def build_policy(
             return Qwen2MoeForCausalLM(mcfg).to(dtype), tokenizer
         model = causal_lm(vocab, p.hidden_size, p.num_layers, attn_implementation=p.attn_implementation, **common)
         return model.to(dtype), tokenizer
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     if not Path(p.path).is_dir() and not _in_hub_cache(p.path):
         raise EngineRefused(
             f"policy.path={p.path}: no such model directory, and no model of that name in the local Hugging Face "
             "cache (nothing is downloaded offline). `scifolio models real DIR` writes SmolLM2 to DIR/lm."
         )
-    model = AutoModelForCausalLM.from_pretrained(p.path, dtype=dtype, attn_implementation=p.attn_implementation)
+    vlm = hasattr(AutoConfig.from_pretrained(p.path), "vision_config")  # `pretrain export --vlm`: LLaVA-style
+    auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
+    model = auto.from_pretrained(p.path, dtype=dtype, attn_implementation=p.attn_implementation)
     return model, tokenizer or AutoTokenizer.from_pretrained(p.tokenizer or p.path)
 
 

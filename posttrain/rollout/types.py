@@ -74,6 +74,8 @@ class Request:
     """Responses to the same prompt share a group (LOO baseline, DAPO filter)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Task data the verifier needs (e.g. the reference answer); opaque to engines."""
+    pixel_values: Any = field(default=None, compare=False, repr=False)
+    """A vision-language prompt's images (its processor's ``pixel_values``), fed at prefill only; not serialised."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -30,11 +30,19 @@ KV = list[tuple[Tensor, Tensor]]
 
 
 def forward_kv(
-    model: Any, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: KV | None, rec: Any = None, keep: int = 0
+    model: Any,
+    ids: Tensor,
+    mask: Tensor | None,
+    pos: Tensor | None,
+    kv: KV | None,
+    rec: Any = None,
+    keep: int = 0,
+    pixel_values: Tensor | None = None,
 ) -> tuple[Tensor, KV, Tensor | None]:
     """One forward of ``model`` over per-layer caches ``kv`` (None or ``[]``: none yet), inside the R3 recorder
     ``rec`` when given: (logits, the new per-layer caches, the routes ``rec.end()`` returned or None). ``keep`` > 0:
-    the logits of the last ``keep`` positions only (a prefill then skips the LM head on the rest of the prompt)."""
+    the logits of the last ``keep`` positions only (a prefill then skips the LM head on the rest of the prompt).
+    ``pixel_values``: the images of the fed rows' image tokens, in row order (a vision-language prefill)."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -47,7 +55,9 @@ def forward_kv(
             layer.update(k, v)
     if rec is not None:
         rec.begin()
-    extra = {"logits_to_keep": keep} if keep else {}
+    extra = ({"logits_to_keep": keep} if keep else {}) | (
+        {"pixel_values": pixel_values} if pixel_values is not None else {}
+    )
     o = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, **extra)
     experts = rec.end() if rec is not None else None
     return o.logits[:, -keep:] if keep else o.logits, [(layer.keys, layer.values) for layer in o.cache.layers], experts
@@ -141,8 +151,8 @@ class HFEngine(QueuedEngine):
         return out
 
     # -- internals ------------------------------------------------------------------------------------
-    def _forward(self, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: KV | None, keep: int = 0):  # noqa: ANN202
-        return forward_kv(self.model, ids, mask, pos, kv, self.experts_recorder, keep)
+    def _forward(self, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: KV | None, keep: int = 0, px=None):  # noqa: ANN001, ANN202
+        return forward_kv(self.model, ids, mask, pos, kv, self.experts_recorder, keep, px)
 
     def _buckets(self, warm: list[_Running], length=None) -> list[list[_Running]]:  # noqa: ANN001
         """Split the decode batch by KV length so one long request does not pad every row to its length:
@@ -175,7 +185,9 @@ class HFEngine(QueuedEngine):
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         one = len(seqs) == 1  # no padding: the plain unmasked forward
         keep = max(r.traj.n_tokens for r in fresh) + 1  # the last prompt position and every kept token's
-        logits, kv, experts = self._forward(ids, None if one else mask, None if one else pos, None, keep)
+        px = [r.traj.request.pixel_values for r in fresh if r.traj.request.pixel_values is not None]
+        px = torch.cat(px) if px else None  # the images of a vision-language prompt, at prefill only
+        logits, kv, experts = self._forward(ids, None if one else mask, None if one else pos, None, keep, px)
         rows = []
         for i, (r, q) in enumerate(zip(fresh, seqs)):
             off = lmax - len(q)
