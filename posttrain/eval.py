@@ -63,6 +63,8 @@ class EvalTask:
     rows: Sequence[dict[str, Any]]
     check: Check
     max_new_tokens: int = 64
+    base: str | None = None
+    """Folder that relative image paths in rows are taken from (the jsonl's)."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ def jsonl_task(opts: TaskOptions) -> EvalTask:
     rows = [json.loads(line) for line in Path(opts.data).read_text().splitlines() if line.strip()]
     for i, r in enumerate(rows):
         r.setdefault("id", str(i))
-    return EvalTask(rows, check, opts.max_new_tokens or 256)
+    return EvalTask(rows, check, opts.max_new_tokens or 256, str(Path(opts.data).parent))
 
 
 @register("lemma-chain")
@@ -164,18 +166,21 @@ def sample(
     top_p: float = 1.0,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    prompts: dict[str, tuple[list[int], Any]] | None = None,
 ) -> list[ProblemResult]:
-    """``n`` samples per problem through ``engine`` (any ``RolloutEngine``), decoded and checked."""
+    """``n`` samples per problem through ``engine`` (any ``RolloutEngine``), decoded and checked; ``prompts``
+    (:func:`encode_prompts`): each row's prompt ids and pixel values, rows without one skipped."""
     stop = tuple(t for t in (tokenizer.eos_token_id,) if t is not None)
-    results = {str(r["id"]): ProblemResult(str(r["id"])) for r in task.rows}
+    prompts = prompts if prompts is not None else encode_prompts(task, tokenizer)[0]
+    results = {str(r["id"]): ProblemResult(str(r["id"])) for r in task.rows if str(r["id"]) in prompts}
     by_id = {str(r["id"]): r for r in task.rows}
     requests = []
     for p, row in enumerate(task.rows):
-        ids = prompt_ids(row, tokenizer)
-        for j in range(n):
+        ids, pixels = prompts.get(str(row["id"]), (None, None))
+        for j in range(n if ids is not None else 0):
             seed_j = seed * 1_000_003 + p * 10_007 + j
             params = SamplingParams(task.max_new_tokens, temperature, top_p, seed=seed_j, stop_token_ids=stop)
-            requests.append(Request(f"{row['id']}/{j}", ids, params, group_id=str(row["id"])))
+            requests.append(Request(f"{row['id']}/{j}", ids, params, group_id=str(row["id"]), pixel_values=pixels))
     for traj in run_all(engine, requests, progress=progress):
         stopped = traj.finish_reason == FINISH_STOP
         text = tokenizer.decode(traj.token_ids[:-1] if stopped else traj.token_ids, skip_special_tokens=True)
@@ -184,6 +189,27 @@ def sample(
             text, stopped = text.split(TURN_END, 1)[0], True
         results[traj.request.group_id].samples.append(Sample(text, stopped, bool(task.check(text, row, stopped))))
     return list(results.values())
+
+
+def encode_prompts(
+    task: EvalTask, tokenizer: Any, processor: Any = None
+) -> tuple[dict[str, tuple[list[int], Any]], list[dict[str, str]]]:
+    """Each row's (prompt ids, pixel values or None); a row with image parts goes through ``processor`` (a
+    vision-language model's) and is skipped, with its reason, when an image fails (``formats.chat_images``)."""
+    from formats.chat_images import BadImage, encode_chat, has_images
+
+    prompts, skipped = {}, []
+    for row in task.rows:
+        if not has_images(row):
+            prompts[str(row["id"])] = (prompt_ids(row, tokenizer), None)
+            continue
+        if processor is None:
+            raise ValueError(f"row {row['id']} holds images and this is a text-only model (export it with --vlm)")
+        try:
+            prompts[str(row["id"])] = encode_chat(row["messages"], processor, task.base)
+        except BadImage as e:
+            skipped.append({"id": str(row["id"]), "reason": e.reason, "detail": str(e)})
+    return prompts, skipped
 
 
 def summarise(results: Sequence[ProblemResult], ks: Iterable[int]) -> dict[str, float]:
@@ -202,20 +228,25 @@ def evaluate(
     top_p: float = 1.0,
     seed: int = 0,
     progress: bool = True,
+    processor: Any = None,
 ) -> dict[str, Any]:
-    """``repeats`` independent runs of :func:`sample`; summary = mean over runs (``_std``: their spread)."""
+    """``repeats`` independent runs of :func:`sample`; summary = mean over runs (``_std``: their spread); rows whose
+    images fail are skipped (``skipped``: id and reason each)."""
     from posttrain.fit import progress_bar
 
     for k in ks:
         if k > n:
             raise ValueError(f"pass@{k} needs --n ≥ {k}")
-    bar = progress_bar(repeats * n * len(task.rows), progress, unit="sample")
+    prompts, skipped = encode_prompts(task, tokenizer, processor)
+    if not prompts:
+        raise ValueError(f"no problem left to sample: {len(skipped)} skipped ({skipped[:3]})")
+    bar = progress_bar(repeats * n * len(prompts), progress, unit="sample")
     runs = []
     for r in range(repeats):
-        results = sample(make_engine(), tokenizer, task, n, temperature, top_p, seed + r, bar.update)
+        results = sample(make_engine(), tokenizer, task, n, temperature, top_p, seed + r, bar.update, prompts)
         runs.append({"summary": summarise(results, ks), "problems": [_problem_json(p, ks) for p in results]})
     bar.close()
-    return _over_runs(runs, n, ks, len(task.rows))
+    return _over_runs(runs, n, ks, len(prompts)) | {"skipped": skipped}
 
 
 def _over_runs(runs: list[dict[str, Any]], n: int, ks: Sequence[int], problems: int) -> dict[str, Any]:

@@ -3,6 +3,12 @@
     scifolio eval --model runs/sft/policy --task countdown --n 16 --k 1,4,16 --out eval.json
     scifolio eval --model M --task jsonl --data test.jsonl --verifier numeric --n 16 --k 1,4 --repeats 3 --out e.json
     scifolio eval --model M --task perplexity --shards out/ --out ppl.json
+    scifolio eval --model VLM --task jsonl --data figures/test.jsonl --n 4 --k 1,4 --out fig.json  # image rows
+
+Rows whose messages hold image parts (``formats.chat_images``: data URLs or local paths) need a vision-language
+model (``scifolio pretrain export RUN --out VLM --vlm``): its processor renders the chat and its pixels go to the
+HF engine's prefill. A row whose image fails (missing file, unreadable, too large) is skipped and counted with its
+reason (``skipped`` in the JSON); a text-only model given image rows is refused.
 
 Writes one JSON file (summary keys ``pass@1``, ``pass@4``… or ``perplexity``, plus per-problem results) and prints
 a one-line summary.
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -64,6 +71,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from formats import fs
+    from formats.chat_images import has_images
     from posttrain import eval as ev
 
     if args.task == "perplexity":
@@ -86,6 +94,8 @@ def run_eval(args: argparse.Namespace) -> int:
     opts = ev.TaskOptions(args.data, args.verifier, args.problems, args.seed, args.max_new_tokens)
     try:
         task = ev.TASKS[args.task](opts)
+        if args.engine != "hf" and any(has_images(r) for r in task.rows):
+            raise ValueError(f"rows with images run on --engine hf only (not {args.engine} yet: issue 37 item 4)")
         result = ev.evaluate(
             make_engine,
             tokenizer,
@@ -97,6 +107,7 @@ def run_eval(args: argparse.Namespace) -> int:
             args.top_p,
             args.seed,
             progress=not args.no_progress,
+            processor=_processor(args.model),
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -107,8 +118,21 @@ def run_eval(args: argparse.Namespace) -> int:
         f"pass@{k} {result[f'pass@{k}']:.3f}" + (f"±{result[f'pass@{k}_std']:.3f}" if args.repeats > 1 else "")
         for k in ks
     )
-    print(f"{args.task}: {scores} ({len(task.rows)} problems, n={args.n}, repeats={args.repeats})")
+    skipped = Counter(s["reason"] for s in result["skipped"])
+    said = f", skipped {sum(skipped.values())} ({', '.join(f'{r} {c}' for r, c in sorted(skipped.items()))})"
+    print(
+        f"{args.task}: {scores} ({result['problems_count']} problems, n={args.n}, repeats={args.repeats}"
+        + (said if skipped else "")
+        + ")"
+    )
     return 0
+
+
+def _processor(model: str):  # noqa: ANN202
+    """The processor of a vision-language model directory (its config has a ``vision_config``), else None."""
+    from transformers import AutoConfig, AutoProcessor
+
+    return AutoProcessor.from_pretrained(model) if hasattr(AutoConfig.from_pretrained(model), "vision_config") else None
 
 
 def _engine(args: argparse.Namespace):
