@@ -18,7 +18,9 @@ caption is the paragraph right after it (a table's: right before it first) when 
 of the crop's kind ("Figure 3", "Fig. 2", "Scheme 1"; "Table 4"). Everything else is skipped and counted with its
 reason: ``no_caption``, ``caption_too_long``, ``caption_taken`` (the paragraph is already another crop's caption),
 ``equation_text_not_in_shards`` (a cropped equation's text is replaced by its image in the shards, so there is no
-known text to ask about), ``too_few_captions`` (fewer than ``choices`` distinct captions in the corpus).
+known text to ask about), ``kind_missing_png`` (a segment names an image its row lacks), ``too_few_captions``
+(fewer than ``choices`` distinct captions in the corpus). Documents stream one at a time; the captioned crops
+(their PNGs included) are held until the rows are written.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,30 +93,44 @@ def _merge(text: str, part: str, overlap: int) -> str:
     return text + part
 
 
+def documents(out: str) -> Iterator[list[ChunkRow]]:
+    """Each document's chunks (segments and images only), streamed in shard order: a build writes a document's
+    chunks one after another, so one document is held at a time (a document whose chunks are not adjacent comes
+    back in pieces, each stitched on its own)."""
+    group: list[ChunkRow] = []
+    for path in list_shards(out):
+        for c in ShardFile(path).iter_chunks(("segments", "images")):
+            if group and c.doc_id != group[0].doc_id:
+                yield group
+                group = []
+            group.append(c)
+    if group:
+        yield group
+
+
 def captioned_crops(out: str, cfg: FigureTaskConfig = FigureTaskConfig()) -> tuple[list[CaptionedCrop], Counter]:
     """Every captioned figure/table crop of a build output ``out``, and the crops skipped by reason."""
     overlap = 0
     if fs.exists(fs.join(out, MANIFEST_NAME)):
         overlap = int(Manifest.read(out).config.get("overlap") or 0)
-    docs: dict[str, list[ChunkRow]] = {}
-    for path in list_shards(out):
-        for c in ShardFile(path).iter_chunks(("segments", "images")):
-            docs.setdefault(c.doc_id, []).append(c)
     crops, skipped = [], Counter()
-    for doc_id, chunks in docs.items():
+    seen: dict[str, set[str]] = {}
+    taken: dict[str, set[str]] = {}
+    for chunks in documents(out):
+        doc_id = chunks[0].doc_id
         images = {i.sha256: i for c in chunks for i in c.images}
         paras = [
             " ".join(p.split()) if not _IMAGE.match(p.strip()) else p.strip()
             for p in _PARAGRAPH.split(stitch(chunks, overlap))
         ]
         paras = [p for p in paras if p]
-        seen, taken = set(), set()
+        doc_seen, doc_taken = seen.setdefault(doc_id, set()), taken.setdefault(doc_id, set())
         for i, p in enumerate(paras):
             m = _IMAGE.match(p)
-            if not m or m.group(1) in seen:
+            if not m or m.group(1) in doc_seen:
                 continue
-            seen.add(sha := m.group(1))
-            kind = images[sha].kind if sha in images else ""
+            doc_seen.add(sha := m.group(1))
+            kind = images[sha].kind if sha in images else "missing_png"
             if kind not in LABELS:
                 skipped["equation_text_not_in_shards" if kind == "equation" else f"kind_{kind or 'unknown'}"] += 1
                 continue
@@ -125,10 +141,10 @@ def captioned_crops(out: str, cfg: FigureTaskConfig = FigureTaskConfig()) -> tup
                 skipped["no_caption"] += 1
             elif len(caption) > cfg.max_caption_chars:
                 skipped["caption_too_long"] += 1
-            elif caption in taken:
+            elif caption in doc_taken:
                 skipped["caption_taken"] += 1
             else:
-                taken.add(caption)
+                doc_taken.add(caption)
                 crops.append(CaptionedCrop(doc_id, sha, kind, images[sha].png, caption))
     return crops, skipped
 
