@@ -168,18 +168,17 @@ class FusedLM(torch.nn.Module):
     def forward(self, input_ids: Tensor, attention_mask=None, position_ids=None, cache=None, use_cache=True, **_):  # noqa: ANN001, ANN201
         from types import SimpleNamespace
 
-        from transformers import DynamicCache
+        from posttrain.rollout.engines.hf import cache_of
 
         kv = [] if cache is None or cache.get_seq_length() == 0 else [(la.keys, la.values) for la in cache.layers]
         outs = []
         for model, part in ((self.base, kv[: self.n_base_layers]), (self.memory, kv[self.n_base_layers :])):
-            c = DynamicCache(ddp_cache_data=part, config=model.config) if part else DynamicCache(config=model.config)
             outs.append(
                 model(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
                     position_ids=position_ids,
-                    cache=c,
+                    cache=cache_of(model.config, part),
                     use_cache=True,
                     output_hidden_states=True,
                 )

@@ -29,6 +29,22 @@ from posttrain.rollout.types import Request, Trajectory
 KV = list[tuple[Tensor, Tensor]]
 
 
+def cache_of(config: Any, kv: KV | None) -> Any:
+    """A ``DynamicCache`` for ``config`` holding the per-layer caches ``kv`` (None or ``[]``: empty) without copying
+    them: ``DynamicCache(ddp_cache_data=kv)`` would ``cat`` every layer onto an empty tensor."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=config)
+    for layer, (k, v) in zip(cache.layers, kv or ()):
+        if type(layer) is DynamicLayer:  # adopt the tensors (the model's own update cats onto them, a new tensor)
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+        else:
+            layer.update(k, v)
+    return cache
+
+
 def forward_kv(
     model: Any,
     ids: Tensor,
@@ -43,21 +59,12 @@ def forward_kv(
     ``rec`` when given: (logits, the new per-layer caches, the routes ``rec.end()`` returned or None). ``keep`` > 0:
     the logits of the last ``keep`` positions only (a prefill then skips the LM head on the rest of the prompt).
     ``pixel_values``: the images of the fed rows' image tokens, in row order (a vision-language prefill)."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    cache = DynamicCache(config=model.config)
-    for layer, (k, v) in zip(cache.layers, kv or ()):
-        if type(layer) is DynamicLayer:  # adopt the tensors: update() would copy them (a cat onto an empty tensor)
-            layer.lazy_initialization(k, v)
-            layer.keys, layer.values = k, v
-        else:
-            layer.update(k, v)
+    cache = cache_of(model.config, kv)
     if rec is not None:
         rec.begin()
-    extra = ({"logits_to_keep": keep} if keep else {}) | (
-        {"pixel_values": pixel_values} if pixel_values is not None else {}
-    )
+    extra = {"logits_to_keep": keep} if keep else {}
+    if pixel_values is not None:
+        extra["pixel_values"] = pixel_values
     o = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, **extra)
     experts = rec.end() if rec is not None else None
     return o.logits[:, -keep:] if keep else o.logits, [(layer.keys, layer.values) for layer in o.cache.layers], experts
@@ -151,8 +158,9 @@ class HFEngine(QueuedEngine):
         return out
 
     # -- internals ------------------------------------------------------------------------------------
-    def _forward(self, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: KV | None, keep: int = 0, px=None):  # noqa: ANN001, ANN202
-        return forward_kv(self.model, ids, mask, pos, kv, self.experts_recorder, keep, px)
+    def _forward(self, ids: Tensor, mask: Tensor | None, pos: Tensor | None, kv: KV | None, **kw: Any):  # noqa: ANN202
+        """``forward_kv`` of the engine's model in its R3 recorder (``kw``: ``keep``, ``pixel_values``)."""
+        return forward_kv(self.model, ids, mask, pos, kv, self.experts_recorder, **kw)
 
     def _buckets(self, warm: list[_Running], length=None) -> list[list[_Running]]:  # noqa: ANN001
         """Split the decode batch by KV length so one long request does not pad every row to its length:
@@ -187,7 +195,9 @@ class HFEngine(QueuedEngine):
         keep = max(r.traj.n_tokens for r in fresh) + 1  # the last prompt position and every kept token's
         px = [r.traj.request.pixel_values for r in fresh if r.traj.request.pixel_values is not None]
         px = torch.cat(px) if px else None  # the images of a vision-language prompt, at prefill only
-        logits, kv, experts = self._forward(ids, None if one else mask, None if one else pos, None, keep, px)
+        logits, kv, experts = self._forward(
+            ids, None if one else mask, None if one else pos, None, keep=keep, pixel_values=px
+        )
         rows = []
         for i, (r, q) in enumerate(zip(fresh, seqs)):
             off = lmax - len(q)
