@@ -10,7 +10,6 @@ It reads the manifest and the shards only (and the source PDFs, when they are st
 
 from __future__ import annotations
 
-import base64
 import html
 import math
 from collections import defaultdict
@@ -19,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from formats import fs
+from formats.chat_images import data_url
 from formats.manifest import Manifest
 from formats.shards import PageInfo, ShardFile, list_shards
 from pipelines.assembly.summary import collect_visual_gain
@@ -63,7 +63,7 @@ def svg_histogram(
 
 
 def _img_tag(png: bytes, max_w: int = 180) -> str:
-    return f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" style="max-width:{max_w}px;max-height:{max_w}px">'
+    return f'<img src="{data_url(png)}" style="max-width:{max_w}px;max-height:{max_w}px">'
 
 
 def _draw_page(source: str, page: PageInfo, dpi: int = 60) -> bytes | None:
