@@ -92,9 +92,13 @@ def image_bytes(part: dict[str, Any], base_dir: str | None = None, limits: Image
 
 def load_image(part: dict[str, Any], base_dir: str | None = None, limits: ImageLimits = ImageLimits()) -> Any:
     """An image part → an RGB ``PIL.Image`` (pixel count checked from the header, before decoding)."""
+    return decode_image(image_bytes(part, base_dir, limits), limits)
+
+
+def decode_image(data: bytes, limits: ImageLimits = ImageLimits()) -> Any:
+    """Encoded image bytes → an RGB ``PIL.Image`` (pixel count checked from the header, before decoding)."""
     from PIL import Image
 
-    data = image_bytes(part, base_dir, limits)
     try:
         img = Image.open(io.BytesIO(data))
         if img.width * img.height > limits.max_pixels:

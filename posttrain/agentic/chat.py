@@ -173,3 +173,38 @@ def text_of(content: Any) -> str:
         elif isinstance(p, dict) and p.get("type") == "tool_result":
             parts.append(text_of(p.get("content")))
     return "".join(parts)
+
+
+def image_url(part: Any) -> str | None:
+    """The URL of a protocol's image part: OpenAI chat ``image_url`` (``{"url": ...}`` or a string), Responses
+    ``input_image`` (``image_url``), Anthropic ``image`` (a base64 ``source`` becomes a data URL, a ``url`` source its
+    URL); ``""`` for an image part naming none (``file_id``), None for a part that is not an image."""
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    if kind == "image_url":
+        ref = part.get("image_url")
+        return str((ref.get("url") if isinstance(ref, dict) else ref) or "")
+    if kind == "input_image":
+        return str(part.get("image_url") or "")
+    if kind == "image":
+        src = part.get("source") or {}
+        if src.get("type") == "base64":
+            return f"data:{src.get('media_type') or 'image/png'};base64,{src.get('data') or ''}"
+        return str(src.get("url") or "")
+    return None
+
+
+def user_content(content: Any) -> Any:
+    """A user message's canonical content: its text (``text_of``) when it holds no image, else its text and image
+    parts in order as ``{"type": "text"}`` and ``{"type": "image_url", "image_url": {"url": ...}}``."""
+    if not isinstance(content, list) or all(image_url(p) is None for p in content):
+        return text_of(content)
+    parts: list[dict[str, Any]] = []
+    for p in content:
+        url = image_url(p)
+        if url is not None:
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        elif text := text_of([p]):
+            parts.append({"type": "text", "text": text})
+    return parts

@@ -29,12 +29,14 @@ import asyncio
 import itertools
 import logging
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from formats.chat_images import BadImage
 from posttrain import toolcall
 from posttrain.agentic.chat import Conversation, Generation, GenerationStream, parse_output, render
 from posttrain.agentic.driver import DriverClosed, EngineDriver
+from posttrain.agentic.images import MARKER, ImageKeys
 from posttrain.agentic.protocols import MESSAGES, PROTOCOLS, Protocol, sse
 from posttrain.agentic.traces import TraceStore
 from posttrain.rollout.types import Request, SamplingParams, Trajectory
@@ -56,6 +58,8 @@ class GatewayConfig:
     """Base of the per-call sampling seed (a pure function of session and call index)."""
     return_routed_experts: bool = False
     """Ask the engine for MoE routes (R3; the engine needs an experts recorder) and store them per call."""
+    image_root: str | None = None
+    """Folder whose files image parts may name by path (a harness on this host); None = data URLs only."""
 
 
 def byte_level_decode(tokenizer: Any) -> bool:
@@ -111,14 +115,20 @@ class _Call:
     """Rendered text past the match, and its ids."""
     conv: Conversation
     protocol: str
+    images: list[str]
+    """Content hashes of the prompt's images, in order (the trace store's image references)."""
 
 
 class Gateway:
     """Protocol-neutral core: ``await gateway.generate(session, conversation, protocol)`` for a finished
     ``Generation``, or ``await gateway.stream(...)`` for a ``GenerationStream`` of text deltas as they decode."""
 
-    def __init__(self, engine: Any, tokenizer: Any, config: GatewayConfig = GatewayConfig(), store=None) -> None:
+    def __init__(
+        self, engine: Any, tokenizer: Any, config: GatewayConfig = GatewayConfig(), store=None, processor: Any = None
+    ) -> None:
         self.tokenizer = tokenizer
+        self.images = ImageKeys(processor, config.image_root) if processor is not None else None
+        """A vision-language model's image side (``images.py``): calls with image parts need it."""
         self.config = config
         self.driver = EngineDriver(engine)
         self.store = store if store is not None else TraceStore(config.trace_path)
@@ -136,7 +146,34 @@ class Gateway:
         self._streams: set[asyncio.Task] = set()
 
     def count_tokens(self, conv: Conversation) -> int:
-        return len(self.tokenizer.encode(render(self.tokenizer, conv), add_special_tokens=False))
+        return len(self._encode(self._render(conv)))
+
+    def _render(self, conv: Conversation) -> str:
+        """The chat template's text of the conversation; with a vision-language model, keyed text (each image's
+        placeholder carries its content hash, ``images.py``). ``InvalidRequest`` for what cannot be rendered."""
+        try:
+            if self.images is None:
+                if any(isinstance(m.get("content"), list) for m in conv.messages):
+                    raise InvalidRequest(
+                        "this model takes no images: serve a vision-language model (`pretrain export --vlm`)",
+                        "images_not_supported",
+                    )
+                return render(self.tokenizer, conv)
+            messages, hashes = self.images.resolve(conv.messages)
+            return self.images.key(render(self.tokenizer, replace(conv, messages=messages)), hashes)
+        except BadImage as e:
+            raise InvalidRequest(f"image part: {e}", f"image_{e.reason}") from e
+        except InvalidRequest:
+            raise
+        except Exception as e:  # the chat template refused the conversation (wrong types, roles): the client's
+            raise InvalidRequest(
+                f"the conversation cannot be rendered: {type(e).__name__}: {e}", "invalid_request"
+            ) from e
+
+    def _encode(self, text: str) -> list[int]:
+        if self.images is not None:
+            return self.images.encode(text, self.tokenizer)
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     async def generate(self, session: str, conv: Conversation, protocol: str) -> Generation:
         # One call at a time per session: the store's prefix match must see the previous response.
@@ -215,15 +252,10 @@ class Gateway:
                 f"temperature must be >= 0 (0 = greedy) and top_p in (0, 1]; got {conv.temperature}, {conv.top_p}",
                 "invalid_sampling_parameters",
             )
-        try:
-            text = render(self.tokenizer, conv)
-        except Exception as e:  # the chat template refused the conversation (wrong types, roles): the client's
-            raise InvalidRequest(
-                f"the conversation cannot be rendered: {type(e).__name__}: {e}", "invalid_request"
-            ) from e
+        text = self._render(conv)
         m = self.store.match_text(session, text)
         delta_text = text[m.offset :]
-        delta_ids = self.tokenizer.encode(delta_text, add_special_tokens=False) if delta_text else []
+        delta_ids = self._encode(delta_text) if delta_text else []
         input_ids = m.path_ids + delta_ids
         if len(input_ids) > self.config.max_context:
             raise InvalidRequest(
@@ -242,7 +274,10 @@ class Gateway:
             return_routed_experts=self.config.return_routed_experts,
         )
         cid = f"{zlib.crc32(rid.encode()):08x}{n:06d}"
-        return _Call(Request(rid, input_ids, params, group_id=session), cid, m, (delta_text, delta_ids), conv, protocol)
+        images = MARKER.findall(text)
+        pixels = self.images.pixel_values(images) if images else None
+        request = Request(rid, input_ids, params, group_id=session, pixel_values=pixels)
+        return _Call(request, cid, m, (delta_text, delta_ids), conv, protocol, images)
 
     def _capture(self, call: _Call, traj: Trajectory) -> Generation:
         """Store the engine's ``Trajectory`` as it is (ids, logprobs, versions, experts), then parse the output."""
@@ -270,6 +305,7 @@ class Gateway:
                 "well_formed": well_formed,
                 "tools": [t["function"]["name"] for t in call.conv.tools],
                 "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls],
+                "images": call.images,
             },
             fork=call.match.fork,
         )
@@ -356,7 +392,10 @@ def build_app(gateway: Gateway):
         return call
 
     async def count_tokens(req: HttpRequest, sid: str | None = None):
-        return {"input_tokens": gateway.count_tokens(MESSAGES.parse(await req.json(), default_max))}
+        try:
+            return {"input_tokens": gateway.count_tokens(MESSAGES.parse(await req.json(), default_max))}
+        except InvalidRequest as e:
+            return JSONResponse(MESSAGES.error(400, str(e), e.code), status_code=400)
 
     async def models(sid: str | None = None):
         return {"object": "list", "data": [{"id": "scifolio", "object": "model", "created": 0, "owned_by": "scifolio"}]}
@@ -370,14 +409,20 @@ def build_app(gateway: Gateway):
 
 
 def load_model_gateway(model: str, config: GatewayConfig = GatewayConfig(), capacity: int = 16) -> Gateway:
-    """A gateway over ``HFEngine`` for a Hugging Face name or local dir (tokenizer with a chat template)."""
+    """A gateway over ``HFEngine`` for a Hugging Face name or local dir (tokenizer with a chat template); a
+    vision-language model (``pretrain export --vlm``) takes image parts through its processor."""
     from posttrain.rl.engines import PolicyConfig, build_policy
     from posttrain.rollout.engines.hf import HFEngine
 
     lm, tok = build_policy(PolicyConfig(path=model))  # the one policy loader
     if not tok.chat_template:
         raise ValueError(f"{model}: the tokenizer has no chat template; the gateway cannot render conversations")
-    return Gateway(HFEngine(lm.eval(), capacity=capacity), tok, config)
+    processor = None
+    if hasattr(lm.config, "vision_config"):
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(model)
+    return Gateway(HFEngine(lm.eval(), capacity=capacity), tok, config, processor=processor)
 
 
 def serve_gateway(

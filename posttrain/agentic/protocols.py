@@ -30,6 +30,7 @@ from posttrain.agentic.chat import (
     assistant_message,
     canonical_tool,
     text_of,
+    user_content,
 )
 
 PIECE = 16
@@ -134,7 +135,7 @@ class ChatCompletions(Protocol):
                     {"role": "tool", "tool_call_id": m.get("tool_call_id"), "content": text_of(m.get("content"))}
                 )
             else:
-                msgs.append({"role": role, "content": text_of(m.get("content"))})
+                msgs.append({"role": role, "content": user_content(m.get("content"))})
         tools = [
             canonical_tool(t["function"]["name"], t["function"].get("description"), t["function"].get("parameters"))
             for t in body.get("tools") or []
@@ -265,7 +266,7 @@ class Responses(Protocol):
                 if role == "assistant":
                     msgs.append(assistant_message(text_of(item.get("content")), []))
                 else:
-                    msgs.append({"role": role, "content": text_of(item.get("content"))})
+                    msgs.append({"role": role, "content": user_content(item.get("content"))})
             elif kind == "function_call":
                 if not msgs or msgs[-1]["role"] != "assistant":
                     msgs.append(assistant_message("", []))
@@ -396,17 +397,17 @@ class Messages(Protocol):
                 calls = [(b["id"], b["name"], b.get("input") or {}) for b in blocks if b.get("type") == "tool_use"]
                 msgs.append(assistant_message(text, calls))
                 continue
-            text_parts: list[str] = []
+            parts: list[dict[str, Any]] = []
             for b in blocks:
                 if b.get("type") == "tool_result":
                     out = text_of(b.get("content"))
                     if b.get("is_error"):
                         out = "Error: " + out
                     msgs.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": out})
-                elif b.get("type") == "text":
-                    text_parts.append(b.get("text", ""))
-            if text_parts:
-                msgs.append({"role": "user", "content": "".join(text_parts)})
+                elif b.get("type") in ("text", "image"):
+                    parts.append(b)
+            if parts:
+                msgs.append({"role": "user", "content": user_content(parts)})
         tools = [
             canonical_tool(t["name"], t.get("description"), t.get("input_schema")) for t in body.get("tools") or []
         ]

@@ -302,9 +302,13 @@ class AgenticStage(Stage):
                 if verdict.status == INFRA or sid not in self.store.session_calls:  # never a 0 reward
                     dropped.append(Dropped(sid, self.name, "infra", {"task": g.task.task_id}))
                     continue
-                oldest = min(self.store.session_export(sid)["versions"], default=self.learner.version)
+                ex = self.store.session_export(sid)
+                oldest = min(ex["versions"], default=self.learner.version)
                 if self.learner.version - oldest > cfg.max_stale:
                     dropped.append(Dropped(sid, self.name, "stale", {"task": g.task.task_id, "version": oldest}))
+                    continue
+                if ex["images"]:  # the store keeps image references, not the pixels the learner would need
+                    dropped.append(Dropped(sid, self.name, "images", {"task": g.task.task_id}))
                     continue
                 sessions.append(sid)
                 rewards.append(float(verdict.reward))

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posttrain.agentic.images import MARKER
 from posttrain.rollout.types import Request, Trajectory
 
 CONTEXT, RESPONSE = "context", "response"
@@ -236,8 +237,13 @@ class TraceStore:
                 raise ValueError(f"{call_id}: the trajectory's prompt is not the stored path + context ids")
             ctx_node = parent
             if context[1]:
-                hit = next(
-                    (c for c in self.children(tree, parent) if c.kind == CONTEXT and c.token_ids == context[1]), None
+                hit = next(  # the text too: two images' placeholder ids are equal, their keyed texts are not
+                    (
+                        c
+                        for c in self.children(tree, parent)
+                        if c.kind == CONTEXT and c.token_ids == context[1] and c.text == context[0]
+                    ),
+                    None,
                 )
                 if hit is None:
                     hit = Node(0, tree, parent, CONTEXT, context[0], list(context[1]), session=session)
@@ -298,7 +304,8 @@ class TraceStore:
         ``token_ids``, ``loss_mask`` (1 on non-skipped response tokens), ``labels`` (id or −100),
         ``logprobs`` (0 on context), ``versions`` (a context token takes the version of the response
         before it, 0 at the start), ``segment_ids`` (index k of the trainable response segment, −1
-        elsewhere), ``spans`` (per call on the path: [start, end) of its response tokens), ``calls``.
+        elsewhere), ``spans`` (per call on the path: [start, end) of its response tokens), ``calls``, ``images`` (the
+        content hashes of the path's images, in order: references, the store keeps no pixels).
         Earlier branches left by a FORK stay in the store but are not part of this export.
         """
         last = self.calls[self.session_calls[session][-1]]
@@ -319,7 +326,8 @@ class TraceStore:
                 v = n.versions[-1] if n.versions else v
                 spans.append((start, len(out["token_ids"])))
                 calls.append(by_resp.get(n.id))
-        return {**out, "spans": spans, "calls": calls, "n_segments": k}
+        images = [h for n in self.path(last["response_node"]) for h in MARKER.findall(n.text) if n.kind == CONTEXT]
+        return {**out, "spans": spans, "calls": calls, "n_segments": k, "images": images}
 
     def session_trajectory(self, session: str, reward: float) -> Trajectory:
         """The session's exported path as one learner ``Trajectory``: prompt = the tokens before its first response,
