@@ -275,8 +275,8 @@ class Gateway:
         )
         cid = f"{zlib.crc32(rid.encode()):08x}{n:06d}"
         images = MARKER.findall(text)
-        pixels = self.images.pixel_values(images) if images else None
-        request = Request(rid, input_ids, params, group_id=session, pixel_values=pixels)
+        pixels, decoded = self.images.pixels(images) if images else (None, ())
+        request = Request(rid, input_ids, params, group_id=session, pixel_values=pixels, images=decoded)
         return _Call(request, cid, m, (delta_text, delta_ids), conv, protocol, images)
 
     def _capture(self, call: _Call, traj: Trajectory) -> Generation:

@@ -41,8 +41,8 @@ class ImageKeys:
         self.token_id = processor.tokenizer.convert_tokens_to_ids(self.token)
         self.image_root = os.path.realpath(image_root) if image_root else None
         self.limits = limits
-        self._cache: OrderedDict[str, tuple[Any, int]] = OrderedDict()
-        """hash → (pixel values [1, C, H, W], placeholder ids it expands to)"""
+        self._cache: OrderedDict[str, tuple[Any, int, Any]] = OrderedDict()
+        """hash → (pixel values [1, C, H, W], placeholder ids it expands to, the decoded image)"""
         self._size = cache
 
     def resolve(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -87,11 +87,11 @@ class ImageKeys:
             ids += tokenizer.encode(keyed[pos:], add_special_tokens=False)
         return ids
 
-    def pixel_values(self, hashes: list[str]) -> Any:
-        """The images' pixel values, stacked in order, for the engine's prefill."""
+    def pixels(self, hashes: list[str]) -> tuple[Any, tuple]:
+        """The images' pixel values stacked in order (the HF engine's prefill), and the decoded images (vLLM's)."""
         import torch
 
-        return torch.cat([self._cache[h][0] for h in hashes])
+        return torch.cat([self._cache[h][0] for h in hashes]), tuple(self._cache[h][2] for h in hashes)
 
     def _bytes(self, part: dict[str, Any]) -> bytes:
         url = part["image_url"]["url"]
@@ -113,5 +113,5 @@ class ImageKeys:
             return h
         img = decode_image(data, self.limits)
         enc = self.processor(text=self.token, images=[img], return_tensors="pt", add_special_tokens=False)
-        self._cache[h] = (enc["pixel_values"], int((enc["input_ids"][0] == self.token_id).sum()))
+        self._cache[h] = (enc["pixel_values"], int((enc["input_ids"][0] == self.token_id).sum()), img)
         return h

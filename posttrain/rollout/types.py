@@ -76,6 +76,9 @@ class Request:
     """Task data the verifier needs (e.g. the reference answer); opaque to engines."""
     pixel_values: Any = field(default=None, compare=False, repr=False)
     """A vision-language prompt's images (its processor's ``pixel_values``), fed at prefill only; not serialised."""
+    images: tuple = field(default=(), compare=False, repr=False)
+    """The same images decoded (RGB ``PIL.Image``), for an engine that runs its own processor (vLLM); not
+    serialised."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

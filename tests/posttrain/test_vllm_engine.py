@@ -40,6 +40,7 @@ class FakeAsyncLLM:
         self.aborted: set[str] = set()
         self.calls: list[str] = []
         self.prompts: dict[str, list[int]] = {}
+        self.images: dict[str, list | None] = {}
 
     async def update_weight_version(self, v: str) -> None:
         self.version = v
@@ -68,6 +69,7 @@ class FakeAsyncLLM:
     async def generate(self, prompt, params, request_id):
         ids = prompt["prompt_token_ids"]
         self.prompts[request_id] = list(ids)
+        self.images[request_id] = prompt.get("multi_modal_data", {}).get("image")
         tokens, lps, versions = [], [], []
         while len(tokens) < params.max_tokens:
             if request_id in self.aborted:
@@ -180,6 +182,27 @@ def test_resume_after_restart_resubmits_prompt_plus_kept_tokens():
     assert t.token_ids[: len(kept)] == kept and t.n_tokens == 30
     assert t.versions == [0] * len(kept) + [1] * (30 - len(kept))
     t.validate()
+
+
+def test_a_vision_language_model_gets_each_image_once_with_its_placeholder():
+    """On a served LLaVA (``hf_config`` with a vision tower), a request's images go to vLLM with one placeholder per
+    image (vLLM expands it), the trajectory keeps the expanded prompt the learner feeds."""
+    from PIL import Image
+
+    llm, sent = FakeAsyncLLM(), []
+    llava = SimpleNamespace(vision_config=object(), image_token_index=7, image_seq_length=4)
+    llm.model_config = SimpleNamespace(logprobs_mode="processed_logprobs", hf_config=llava)
+    engine = make_engine(llm, sent)
+    img = Image.new("RGB", (5, 5), (9, 9, 9))
+    prompt = [1, 7, 7, 7, 7, 2]
+    engine.submit([Request("v", prompt, SamplingParams(max_new_tokens=3, forced_length=3), images=(img,))])
+    done = []
+    while not done:
+        done = engine.step().finished
+    engine.close()
+    ((vid, ids),) = llm.prompts.items()
+    assert ids == [1, 7, 2] and llm.images[vid] == [img]
+    assert done[0].prompt_ids == prompt and done[0].n_tokens == 3
 
 
 def test_abort_hands_back_and_stops_the_request():

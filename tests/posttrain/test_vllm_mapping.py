@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,52 @@ def test_prompt_carries_kept_tokens():
     t = Trajectory(Request("r", [1, 2, 3]))
     t.append(9, -0.1, 0)
     assert vllm_prompt(t) == {"prompt_token_ids": [1, 2, 3, 9]}
+
+
+def test_image_prompts_give_vllm_one_placeholder_per_image_and_the_images():
+    """vLLM expands a token prompt's image placeholders itself: each run of N (the HF processor's expansion) becomes
+    one, the images go in ``multi_modal_data``; a continuation keeps them (a resubmission after a pause)."""
+    from PIL import Image
+
+    from posttrain.rollout.engines.vllm import image_placeholder
+
+    red, blue = Image.new("RGB", (8, 8), (255, 0, 0)), Image.new("RGB", (4, 6), (0, 0, 255))
+    t = Trajectory(Request("r", [1, 7, 7, 7, 7, 7, 7, 2, 7, 7, 7, 3], images=(red, blue, red)))
+    t.append(9, -0.1, 0)
+    assert vllm_prompt(t, (7, 3)) == {"prompt_token_ids": [1, 7, 7, 2, 7, 3, 9], "multi_modal_data": {"image": [red, blue, red]}}  # fmt: skip
+    with pytest.raises(ValueError, match="not a multiple of 4"):
+        vllm_prompt(t, (7, 4))
+    with pytest.raises(ValueError, match="not a vision-language model"):
+        vllm_prompt(t)
+    with pytest.raises(ValueError, match="2 image placeholders for 3 images"):
+        vllm_prompt(Trajectory(Request("r", [1, 7, 7, 7, 7, 7, 7], images=(red, blue, red))), (7, 3))
+    with pytest.raises(ValueError, match="placeholders in the prompt and no images"):
+        vllm_prompt(Trajectory.from_dict(t.to_dict()), (7, 3))  # a checkpoint keeps no images
+    with pytest.raises(ValueError, match="without decoded images"):
+        vllm_prompt(Trajectory(Request("r", [1, 7, 7, 7], pixel_values=object())), (7, 3))
+
+    llava = SimpleNamespace(vision_config=object(), image_token_index=7, image_seq_length=3)
+    assert image_placeholder(SimpleNamespace(hf_config=llava)) == (7, 3)
+    assert image_placeholder(SimpleNamespace(hf_config=SimpleNamespace(vocab_size=10))) is None
+    assert image_placeholder(SimpleNamespace()) is None
+
+
+def test_vllm_plugin_registers_the_exports_identity_activation(monkeypatch):
+    """The VLM export's projector names activation ``linear``; vLLM's registry lacks it. Our ``vllm.general_plugins``
+    entry point adds it (here into a stand-in of ``vllm.model_executor.layers.activation``)."""
+    from importlib.metadata import entry_points
+
+    import torch
+
+    (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "scifolio"]
+    registry = {"gelu": lambda: torch.nn.GELU()}  # vLLM's is a LazyDict of factories
+    layers = SimpleNamespace(activation=SimpleNamespace(_ACTIVATION_REGISTRY=registry))
+    for name, mod in [("vllm", SimpleNamespace(model_executor=None)), ("vllm.model_executor", None)]:
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers", layers)
+    ep.load()()
+    x = torch.randn(3, 5)
+    assert isinstance(registry["linear"](), torch.nn.Identity) and torch.equal(registry["linear"]()(x), x)
 
 
 def test_expand_weight_versions():

@@ -21,6 +21,10 @@ is not installed in CI). The pieces that matter for partial rollout:
 - **R3**: with ``enable_return_routed_experts`` vLLM returns ``CompletionOutput.routed_experts``
   ``[positions, layers, top_k]`` starting at ``SamplingParams.routed_experts_prompt_start``; they extend
   ``Trajectory.routed_experts`` (one row per fed position), which ``posttrain.objectives.r3`` replays in the learner.
+- **images**: a request's decoded images (``Request.images``) go in ``multi_modal_data`` with one placeholder per
+  image (``vllm_prompt``: vLLM expands a token prompt's placeholders itself, to the same N the HF processor did); the
+  trajectory keeps the expanded prompt. The VLM export's projector activation ``linear`` is added to vLLM's registry
+  by the ``vllm.general_plugins`` entry point (``register_vllm_plugins``).
 
 The request/response mapping is pure functions (``vllm_sampling_kwargs``, ``vllm_prompt``,
 ``expand_weight_versions``, ``apply_completion``), unit-tested in ``tests/posttrain/test_vllm_mapping.py`` with
@@ -95,9 +99,59 @@ def vllm_sampling_kwargs(params: SamplingParams, n_kept: int = 0, attempt: int =
     return kw
 
 
-def vllm_prompt(traj: Trajectory) -> dict:
-    """The prompt vLLM sees: the original prompt plus every token already kept (a resubmitted continuation)."""
-    return {"prompt_token_ids": list(traj.prompt_ids) + list(traj.token_ids)}
+def vllm_prompt(traj: Trajectory, image: tuple[int, int] | None = None) -> dict:
+    """The prompt vLLM sees: the original prompt plus every token already kept (a resubmitted continuation).
+
+    A prompt with images (``Request.images``): vLLM expands each image placeholder of a token prompt itself, so each
+    run of N placeholder ids (as the HF processor expanded them; ``image`` = (placeholder id, N) of the served model)
+    becomes one placeholder, and the images go in ``multi_modal_data``; vLLM's LLaVA processor expands it back to the
+    same N (square resize to the tower's size: N = (size / patch)², CLS dropped)."""
+    ids = list(traj.prompt_ids) + list(traj.token_ids)
+    images = traj.request.images
+    if not images:
+        if traj.request.pixel_values is not None:
+            raise ValueError(f"{traj.request_id}: pixel values without decoded images (vLLM processes images itself)")
+        if image is not None and image[0] in ids:  # e.g. restored from a checkpoint, which keeps no images
+            raise ValueError(f"{traj.request_id}: image placeholders in the prompt and no images")
+        return {"prompt_token_ids": ids}
+    if image is None:
+        raise ValueError(f"{traj.request_id} holds images and the served model is not a vision-language model")
+    token, n = image
+    out: list[int] = []
+    run = 0
+    for t in [*ids, None]:
+        if t == token:
+            run += 1
+            continue
+        if run % n:
+            raise ValueError(f"{traj.request_id}: a run of {run} image placeholders is not a multiple of {n}")
+        out += [token] * (run // n)
+        run = 0
+        if t is not None:
+            out.append(t)
+    if out.count(token) != len(images):
+        raise ValueError(f"{traj.request_id}: {out.count(token)} image placeholders for {len(images)} images")
+    return {"prompt_token_ids": out, "multi_modal_data": {"image": list(images)}}
+
+
+def image_placeholder(model_config: Any) -> tuple[int, int] | None:
+    """(placeholder id, ids per image) of a served LLaVA-style model (vLLM's ``ModelConfig.hf_config``), else None."""
+    hf = getattr(model_config, "hf_config", None)
+    if hf is None or not hasattr(hf, "vision_config"):
+        return None
+    return int(hf.image_token_index), int(hf.image_seq_length)
+
+
+def register_vllm_plugins() -> None:
+    """vLLM general plugin (entry point ``vllm.general_plugins`` in pyproject.toml; vLLM runs it in every process it
+    starts): the identity activation ``linear`` the VLM export's projector names (``pretrain export --vlm``: W_in, an
+    identity activation, an identity second layer). transformers' ``ACT2FN`` has it; vLLM's registry does not, and
+    would refuse to build the projector."""
+    from torch import nn
+    from vllm.model_executor.layers import activation
+
+    if "linear" not in activation._ACTIVATION_REGISTRY:
+        activation._ACTIVATION_REGISTRY["linear"] = lambda: nn.Identity()  # a LazyDict of factories
 
 
 # -- pure mapping: vLLM output → our trajectory ------------------------------------------------------------------
@@ -307,6 +361,7 @@ class VLLMEngine:
         self.resubmissions = 0
         """Continuations resubmitted with prompt + kept tokens (not continued inside vLLM)."""
         self._llm = self._run(api.start_llm(config))
+        self._image = image_placeholder(self._llm.model_config)
         if self._llm.model_config.logprobs_mode != "processed_logprobs":
             raise RuntimeError("vLLM must return processed logprobs (the distribution tokens were drawn from)")
         if api.init_weight_transfer is not None:
@@ -423,7 +478,7 @@ class VLLMEngine:
             self.resubmissions += 1
         launch = Launch(f"{traj.request_id}@{traj.attempt}.{self._n_launched}", traj, traj.n_tokens, routes_from)
         self._launches[launch.vllm_id] = launch
-        prompt = vllm_prompt(traj)
+        prompt = vllm_prompt(traj, self._image)
 
         async def consume():
             try:

@@ -141,6 +141,7 @@ def test_images_reach_the_engine_keyed_by_content_hash(vlm_dir, tmp_path):
         assert abs(traj.logprobs[0] - ref) <= 1e-5
     first = [gw.driver.finished[store.calls[c]["meta"]["request_id"]] for c in (c_red, c_blue)]
     assert first[0].request.pixel_values.shape[0] == 1 and not torch.equal(*(t.request.pixel_values for t in first))
+    assert [len(t.request.images) for t in first] == [1, 1]  # the decoded images too (vLLM runs its own processor)
 
     # the follow-up reused the stored path (no fork) and its prompt holds 2 images' placeholders
     assert not store.forks
