@@ -32,10 +32,11 @@ from formats import fs
 from formats.manifest import MANIFEST_NAME, SHARDS_DIR, Manifest
 from formats.series import SERIES_SCHEMA, SeriesRecord
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 """2: page provenance carries the page size and its layout boxes. 3: series rows: a ``series`` column of series
-records (``formats/series.py``) and segments of kind ``series`` naming one by ``series_id``. A version-2 file reads
-unchanged (the new column and field come back empty)."""
+records (``formats/series.py``) and segments of kind ``series`` naming one by ``series_id``. 4: an equation image
+keeps its known text and where it came from (``ShardImage.text``, ``text_from``). Older files read unchanged (the
+new columns and fields come back empty)."""
 
 SEGMENT_TYPE = pa.struct(
     [
@@ -57,6 +58,8 @@ IMAGE_TYPE = pa.struct(
         ("width", pa.int32()),
         ("height", pa.int32()),
         ("kind", pa.string()),  # figure | table | equation
+        ("text", pa.string()),  # an equation's known text (schema 4)
+        ("text_from", pa.string()),  # latex | backend | text-layer-math | ocr (schema 4)
     ]
 )
 PAGE_RENDER_TYPE = pa.struct(
@@ -143,13 +146,34 @@ class ShardImage:
     width: int
     height: int
     kind: str  # figure | table | equation
+    text: str = ""
+    """An equation's text where the parse knew it (its text is replaced by the image in the segments): the backend's
+    LaTeX, the glyphs of the PDF's text layer, or OCR's reading; empty otherwise."""
+    text_from: str = ""
+    """Where ``text`` came from: ``latex``, ``backend``, ``text-layer-math`` or ``ocr`` (``Block.text_from``)."""
 
     def to_row(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "png": self.png, "width": self.width, "height": self.height, "kind": self.kind}
+        return {
+            "sha256": self.sha256,
+            "png": self.png,
+            "width": self.width,
+            "height": self.height,
+            "kind": self.kind,
+            "text": self.text,
+            "text_from": self.text_from,
+        }
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ShardImage:
-        return cls(row["sha256"], bytes(row["png"]), int(row["width"]), int(row["height"]), row.get("kind") or "")
+        return cls(
+            row["sha256"],
+            bytes(row["png"]),
+            int(row["width"]),
+            int(row["height"]),
+            row.get("kind") or "",
+            row.get("text") or "",
+            row.get("text_from") or "",
+        )
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from formats.records import Page
+from formats.records import Block, Page
 from formats.shards import Segment, ShardImage
 
 PARAGRAPH_SEP = "\n\n"
@@ -65,13 +65,9 @@ def page_segments(pages: Iterable[Page]) -> list[RawSegment]:
                 texts = []
             crop = block.crop
             assert crop is not None
-            out.append(
-                RawSegment(
-                    "image",
-                    page.page_index,
-                    image=ShardImage(crop.sha256, crop.png, crop.width, crop.height, block.kind),
-                )
-            )
+            text, text_from = equation_text(block)
+            image = ShardImage(crop.sha256, crop.png, crop.width, crop.height, block.kind, text, text_from)
+            out.append(RawSegment("image", page.page_index, image=image))
         if texts:
             out.append(RawSegment("text", page.page_index, text=PARAGRAPH_SEP.join(texts)))
         # Pages are separated by a paragraph break so text of consecutive pages does not run together.
@@ -79,6 +75,18 @@ def page_segments(pages: Iterable[Page]) -> list[RawSegment]:
             last = out[-1]
             out[-1] = RawSegment("text", last.page_index, text=last.text + PARAGRAPH_SEP)
     return out
+
+
+def equation_text(block: Block) -> tuple[str, str]:
+    """(text, where from) an equation crop keeps beside its image: the backend's LaTeX (``latex``), else the text the
+    parse read (``Block.text_from``: ``text-layer-math`` glyphs or ``ocr``; ``backend`` when the backend read it);
+    ("", "") for other kinds and for equations read as nothing."""
+    if block.kind != "equation":
+        return "", ""
+    if block.latex and block.latex.strip():
+        return block.latex.strip(), "latex"
+    text = " ".join(block.text.split())
+    return (text, block.text_from or "backend") if text else ("", "")
 
 
 class Tokenizer:

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from formats.records import Block, Crop, Document, Dropped, Page
-from formats.shards import SHARD_SCHEMA, ChunkRow
+from formats.shards import SHARD_SCHEMA, ChunkRow, ShardImage
 from pipelines.assembly.build import BuildConfig, DocumentBuilder, WorkStore, shard_of, write_shard_from_docs
 from pipelines.assembly.interleave import ImageTokenRule, page_segments
 
@@ -50,6 +50,24 @@ def test_page_segments_reading_order_furniture_and_captions():
     assert segs[0].text.startswith("Section 0\n\nParagraph one")
     # a cropped kind without a crop falls back to its text; captions stay text
     assert "Figure 0: spectra.\n\nE = mc^2" in segs[2].text
+
+
+def test_equation_crops_keep_their_known_text_beside_the_image():
+    """An equation's text is replaced by its image in the segments; the image keeps it (LaTeX first, else the text the
+    parse read, marked by where it came from), through the shard row."""
+    blocks = (
+        Block("equation", (100, 30, 500, 60), "E = mc 2", reading_order=0, latex=" E=mc^2 ", crop=_png(40, 10, 1)),
+        Block("equation", (100, 70, 500, 90), "a  +\nb", reading_order=1, crop=_png(40, 10, 2), text_from="ocr"),
+        Block("equation", (100, 95, 500, 99), "", reading_order=2, crop=_png(40, 10, 3)),
+        Block("figure", (50, 100, 550, 300), "", reading_order=3, crop=_png(60, 40, 4)),
+    )
+    segs = page_segments([Page("d", 0, 612, 792, blocks, parser="test")])
+    images = [s.image for s in segs if s.kind == "image"]
+    assert [(i.kind, i.text, i.text_from) for i in images] == [
+        ("equation", "E=mc^2", "latex"), ("equation", "a + b", "ocr"), ("equation", "", ""), ("figure", "", "")
+    ]  # fmt: skip
+    assert not any("mc" in s.text for s in segs if s.kind == "text")
+    assert ShardImage.from_row(images[1].to_row()) == images[1]
 
 
 def test_builder_rows_round_trip_and_image_bytes(tiny_tokenizer):
