@@ -14,14 +14,13 @@ import base64
 import io
 import sqlite3
 
-import anthropic
-import httpx
 import openai
 import pytest
 import torch
 
-from posttrain.agentic.gateway import Gateway, GatewayConfig, build_app, load_model_gateway
+from posttrain.agentic.gateway import Gateway, GatewayConfig, load_model_gateway
 from posttrain.agentic.images import MARKER
+from tests.posttrain.agentic.test_gateway_sdk import clients
 
 
 @pytest.fixture(scope="module")
@@ -81,22 +80,6 @@ def url(data: bytes) -> str:
 
 
 RED, BLUE = png((220, 30, 30)), png((20, 40, 230))
-
-
-def clients(gw, sid):
-    app = build_app(gw)
-    oa = openai.AsyncOpenAI(
-        base_url="http://gw/v1",
-        api_key=sid,
-        http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw"),
-    )
-    hx = __import__("httpx2") if anthropic.__version__.split(".")[0] >= "2" else httpx
-    an = anthropic.AsyncAnthropic(
-        base_url="http://gw",
-        api_key=sid,
-        http_client=hx.AsyncClient(transport=hx.ASGITransport(app=app), base_url="http://gw"),
-    )
-    return oa, an
 
 
 def user(text: str, image: bytes) -> dict:
