@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from formats.chat import TURN_END
-from posttrain.rl.task import VERIFIERS, prompt_ids  # chat rows through the chat template, as RL and distill feed them
+from posttrain.rl.task import VERIFIERS, encode_prompt  # chat rows as RL feeds them (template, images)
 from posttrain.rollout.engine import run_all
 from posttrain.rollout.types import FINISH_STOP, Request, SamplingParams
 
@@ -194,19 +194,15 @@ def sample(
 def encode_prompts(
     task: EvalTask, tokenizer: Any, processor: Any = None
 ) -> tuple[dict[str, tuple[list[int], Any]], list[dict[str, str]]]:
-    """Each row's (prompt ids, pixel values or None); a row with image parts goes through ``processor`` (a
-    vision-language model's) and is skipped, with its reason, when an image fails (``formats.chat_images``)."""
-    from formats.chat_images import BadImage, encode_chat, has_images
+    """Each row's (prompt ids, pixel values or None) (``posttrain.rl.task.encode_prompt``, as RL feeds them); a row
+    with image parts goes through ``processor`` (a vision-language model's) and is skipped, with its reason, when an
+    image fails (``formats.chat_images``)."""
+    from formats.chat_images import BadImage
 
     prompts, skipped = {}, []
     for row in task.rows:
-        if not has_images(row):
-            prompts[str(row["id"])] = (prompt_ids(row, tokenizer), None)
-            continue
-        if processor is None:
-            raise ValueError(f"row {row['id']} holds images and this is a text-only model (export it with --vlm)")
         try:
-            prompts[str(row["id"])] = encode_chat(row["messages"], processor, task.base)
+            prompts[str(row["id"])] = encode_prompt(row, tokenizer, processor, task.base)
         except BadImage as e:
             skipped.append({"id": str(row["id"]), "reason": e.reason, "detail": str(e)})
     return prompts, skipped

@@ -73,6 +73,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from formats import fs
     from formats.chat_images import has_images
     from posttrain import eval as ev
+    from posttrain.rl import engines
 
     if args.task == "perplexity":
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
@@ -107,7 +108,7 @@ def run_eval(args: argparse.Namespace) -> int:
             args.top_p,
             args.seed,
             progress=not args.no_progress,
-            processor=_processor(args.model),
+            processor=engines.load_processor(engines.PolicyConfig(path=args.model)),
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -126,13 +127,6 @@ def run_eval(args: argparse.Namespace) -> int:
         + ")"
     )
     return 0
-
-
-def _processor(model: str):  # noqa: ANN202
-    """The processor of a vision-language model directory (its config has a ``vision_config``), else None."""
-    from transformers import AutoConfig, AutoProcessor
-
-    return AutoProcessor.from_pretrained(model) if hasattr(AutoConfig.from_pretrained(model), "vision_config") else None
 
 
 def _engine(args: argparse.Namespace):

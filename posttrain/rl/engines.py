@@ -194,7 +194,19 @@ def build_policy(
     vlm = hasattr(AutoConfig.from_pretrained(p.path), "vision_config")  # `pretrain export --vlm`: LLaVA-style
     auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
     model = auto.from_pretrained(p.path, dtype=dtype, attn_implementation=p.attn_implementation)
+    if vlm:  # the vision tower E_v stays frozen after pre-training as in it; the projector W_in and the LM train
+        model.model.vision_tower.requires_grad_(False)
     return model, tokenizer or AutoTokenizer.from_pretrained(p.tokenizer or p.path)
+
+
+def load_processor(p: Any) -> Any:
+    """The processor of a vision-language policy (``pretrain export --vlm``: its config has a ``vision_config``) that
+    renders its image rows, else None (a text-only or tiny policy)."""
+    from transformers import AutoConfig, AutoProcessor
+
+    p = getattr(p, "policy", p)
+    vlm = p.path is not None and hasattr(AutoConfig.from_pretrained(p.path), "vision_config")
+    return AutoProcessor.from_pretrained(p.path) if vlm else None
 
 
 def _in_hub_cache(name: str) -> bool:

@@ -82,15 +82,26 @@ class Packed:
     matched_mask: Tensor  # [N, T] bool: the engine saw this token at the learner's version (``matched`` is real)
     routes: list | None = None
     """Per row ``Trajectory.routed_experts`` (MoE policies, R3) or None: replayed in the learner's forward."""
+    pixels: list | None = None
+    """Per row its request's ``pixel_values`` (vision-language prompts) or None: the forward sees the engine's images."""
 
     def select(self, idx: Tensor) -> Packed:
         """The rows ``idx`` (a minibatch)."""
         tensors = [getattr(self, f)[idx] for f in _TENSOR_FIELDS]
-        routes = None if self.routes is None else [self.routes[i] for i in idx.tolist()]
-        return Packed(*tensors, routes=routes)
+        rows = {k: None if getattr(self, k) is None else [getattr(self, k)[i] for i in idx.tolist()] for k in _LISTS}
+        return Packed(*tensors, **rows)
+
+    def inputs(self) -> dict[str, Tensor]:
+        """The model's inputs: ids, mask and the rows' images in row order (a Llava forward fills its image tokens
+        with them in that order)."""
+        px = [x for x in self.pixels or () if x is not None]
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask} | (
+            {"pixel_values": torch.cat(px)} if px else {}
+        )
 
 
-_TENSOR_FIELDS = tuple(f.name for f in fields(Packed) if f.name != "routes")
+_LISTS = ("routes", "pixels")
+_TENSOR_FIELDS = tuple(f.name for f in fields(Packed) if f.name not in _LISTS)
 
 
 def pack(trajs: list[Trajectory], version: int | None = None) -> Packed:
@@ -115,7 +126,8 @@ def pack(trajs: list[Trajectory], version: int | None = None) -> Packed:
         beh[i, :k] = torch.tensor(t.logprobs)
         ver[i, :k] = torch.tensor(t.versions)
     routes = [t.routed_experts for t in trajs] if any(t.routed_experts for t in trajs) else None
-    return Packed(ids, att, pos, tok, rmask, beh, ver, matched, mmask, routes)
+    pixels = [t.request.pixel_values for t in trajs]
+    return Packed(ids, att, pos, tok, rmask, beh, ver, matched, mmask, routes, pixels)
 
 
 def padded(rows: list[list[float]], like: Tensor) -> Tensor:
@@ -139,12 +151,12 @@ def token_logprobs(
 
         # Right padding: every row's prompt starts at column 0.
         with replay_trajectories(model, p.routes, p.input_ids.shape[1], [0] * p.input_ids.shape[0]) as replay:
-            logits = model(input_ids=p.input_ids, attention_mask=p.attention_mask, use_cache=False).logits
+            logits = model(**p.inputs(), use_cache=False).logits
         if stats is not None:
             stats["r3_replayed_tokens"] = stats.get("r3_replayed_tokens", 0) + replay.replayed_tokens
             stats["r3_changed_routes"] = stats.get("r3_changed_routes", 0) + replay.changed_routes
     else:
-        logits = model(input_ids=p.input_ids, attention_mask=p.attention_mask, use_cache=False).logits
+        logits = model(**p.inputs(), use_cache=False).logits
     idx = p.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
     at = logits.gather(1, idx)  # [N, T, V]: the logits that predicted each response token
     return sampling_logprobs(at, temperature, top_p).gather(-1, p.tokens.unsqueeze(-1)).squeeze(-1)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from formats.chat_images import has_images
 from formats.rundir import RunDir
 from posttrain.fit import FitConfig, fit, masked_ce, progress_bar
 from posttrain.rl import engines
@@ -45,6 +46,22 @@ def build_task(cfg: RLConfig) -> JsonlTask:
             raise ValueError("task.name=jsonl needs task.jsonl=PATH")
         return JsonlTask.from_jsonl(cfg.task.jsonl, verify)
     raise ValueError(f"unknown task {cfg.task.name!r} (countdown | jsonl)")
+
+
+def task_source(cfg: RLConfig, tokenizer: Any) -> TaskSource:
+    """The task's cursor; image rows need a vision-language policy (its processor) on the ``hf`` engine, and a row
+    whose image fails is left out, counted by reason on stdout (``TaskSource.skipped`` holds each row's)."""
+    task, processor = build_task(cfg), engines.load_processor(cfg.policy)
+    if any(map(has_images, task.rows)):
+        if processor is None:
+            raise engines.EngineRefused("task rows hold images and the policy is a text-only model (export --vlm)")
+        if cfg.engine.kind != "hf":
+            raise engines.EngineRefused(f"task rows with images run on engine.kind=hf only, not {cfg.engine.kind}")
+    source = TaskSource(task, tokenizer, seed=cfg.seed, processor=processor)
+    if source.skipped:
+        reasons = Counter(r.split(":")[0] for r in source.skipped.values())
+        print(f"posttrain rl: {len(source.rows)} task rows kept, skipped {dict(reasons)}", flush=True)
+    return source
 
 
 def sampling_params(cfg: RLConfig, tokenizer: Any) -> SamplingParams:
@@ -93,6 +110,8 @@ class Stage:
     tokenizer: Any
     cfg: Any
     engine: Any
+    processor: Any = None
+    """A vision-language policy's processor: saved with the policy in place of the bare tokenizer."""
 
     def config(self) -> dict[str, Any]:
         return dataclasses.asdict(self.cfg)
@@ -185,12 +204,12 @@ def run_stage(
             if on_step is not None:
                 on_step(step, row)
             if export_every and step % export_every == 0:
-                export(stage.learner.model, stage.tokenizer, run_dir.policy)
+                export(stage.learner.model, stage.processor or stage.tokenizer, run_dir.policy)
         bar.close()
     finally:
         run_dir.close()
         stage.close()
-    export(stage.learner.model, stage.tokenizer, run_dir.policy)
+    export(stage.learner.model, stage.processor or stage.tokenizer, run_dir.policy)
     return rows
 
 
@@ -206,6 +225,8 @@ class RLStage(Stage):
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         model, self.tokenizer = build_policy(cfg.policy)  # fp32 master weights; the engine holds a copy in policy.dtype
+        source = task_source(cfg, self.tokenizer)
+        self.processor = source.processor
         self.learner = Learner(
             model, cfg.learner, cfg.sampling.temperature, cfg.sampling.top_p, total_versions=cfg.steps
         )
@@ -218,7 +239,6 @@ class RLStage(Stage):
                 self.engine.update_draft(self.drafter.weights(), self.drafter.version)
             if wrap_engine is not None:
                 self.engine = wrap_engine(self.engine)
-            source = TaskSource(build_task(cfg), self.tokenizer, seed=cfg.seed)
             cls = PartialRolloutScheduler if cfg.scheduler.partial else SyncScheduler
             params = sampling_params(cfg, self.tokenizer)
             self.sched = cls(self.engine, source, source.reward, params, cfg.scheduler, seed=cfg.seed)

@@ -159,6 +159,21 @@ def write_smol_data(out: str | Path, n_train: int = 256, n_test: int = 64) -> li
     return paths
 
 
+def encode_prompt(
+    row: dict[str, Any], tokenizer: Any, processor: Any = None, base: str | None = None
+) -> tuple[list[int], Any]:
+    """(prompt ids, pixel values or None): a row with image parts through a vision-language model's ``processor``
+    (``formats.chat_images``; relative image paths from ``base``), raising ``BadImage`` with its reason when an
+    image fails and ``ValueError`` when there is no processor; any other row through :func:`prompt_ids`."""
+    from formats.chat_images import encode_chat, has_images
+
+    if not has_images(row):
+        return prompt_ids(row, tokenizer), None
+    if processor is None:
+        raise ValueError(f"row {row.get('id')} holds images and this is a text-only model (export it with --vlm)")
+    return encode_chat(row["messages"], processor, base)
+
+
 def prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:
     """A chat row goes through the tokenizer's chat template (generation prompt added, rendered as text then tokenised
     without specials: the ids SFT trained the context on); a plain prompt is ``bos + prompt``."""
@@ -231,37 +246,55 @@ class JsonlTask:
 
     rows: Sequence[dict[str, Any]]
     verify: Verifier
+    base: str | None = None
+    """Folder that relative image paths in rows are taken from (the jsonl's)."""
 
     @classmethod
     def from_jsonl(cls, path: str | Path, verify: Verifier = exact_match) -> JsonlTask:
-        return cls(fs.read_jsonl(path), verify)
+        return cls(fs.read_jsonl(path), verify, str(Path(path).parent))
 
     def write_jsonl(self, path: str | Path) -> None:
         fs.write_jsonl(path, self.rows)
 
 
 class TaskSource:
-    """The data cursor: cycles through a task's rows in a seeded order per epoch (``PromptSource``)."""
+    """The data cursor: cycles through a task's rows in a seeded order per epoch (``PromptSource``). Rows with image
+    parts need a vision-language ``processor``: their prompts carry pixel values; a row whose image fails is
+    decoded once here, up front, and left out (``skipped``: row id → ``BadImage`` reason), never a crash."""
 
-    def __init__(self, task: JsonlTask, tokenizer: Any, seed: int = 0) -> None:
-        self.task = task
-        self.tokenizer = tokenizer
+    def __init__(self, task: JsonlTask, tokenizer: Any, seed: int = 0, processor: Any = None) -> None:
+        from formats.chat_images import BadImage, has_images
+
+        self.task, self.tokenizer, self.processor = task, tokenizer, processor
         self.seed = seed
         self.cursor = 0
         self._by_id = {str(r["id"]): r for r in task.rows}
+        self.skipped: dict[str, str] = {}
+        for r in filter(has_images, task.rows):
+            try:
+                self.pixel_values({"row_id": str(r["id"])})
+            except BadImage as e:
+                self.skipped[str(r["id"])] = str(e)
+        self.rows = [r for r in task.rows if str(r["id"]) not in self.skipped]
+        if not self.rows:
+            raise ValueError(f"every task row was skipped ({len(self.skipped)}: bad images)")
 
     def _order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.task.rows)))
+        order = list(range(len(self.rows)))
         random.Random(f"{self.seed}/{epoch}").shuffle(order)
         return order
 
     def next_prompt(self) -> Prompt:
-        n = len(self.task.rows)
-        epoch, i = divmod(self.cursor, n)
-        row = self.task.rows[self._order(epoch)[i]]
+        epoch, i = divmod(self.cursor, len(self.rows))
+        row = self.rows[self._order(epoch)[i]]
         self.cursor += 1
-        ids = prompt_ids(row, self.tokenizer)
-        return Prompt(prompt_id=str(row["id"]), prompt_ids=ids, meta={"row_id": str(row["id"])})
+        ids, pixels = encode_prompt(row, self.tokenizer, self.processor, self.task.base)
+        return Prompt(str(row["id"]), ids, {"row_id": str(row["id"])}, pixel_values=pixels)
+
+    def pixel_values(self, meta: dict[str, Any]) -> Any:
+        """The pixel values of the prompt a trajectory's ``meta`` names (None for a text row): the scheduler rebuilds
+        a checkpoint-restored trajectory's images with this (``Request.pixel_values`` is never serialised)."""
+        return encode_prompt(self._by_id[meta["row_id"]], self.tokenizer, self.processor, self.task.base)[1]
 
     def reward(self, traj: Trajectory) -> float:
         """Decode the response (without its stop token) and run the verifier on it."""

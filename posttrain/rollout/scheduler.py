@@ -44,6 +44,8 @@ class Prompt:
     prompt_id: str
     prompt_ids: list[int]
     meta: dict[str, Any] = field(default_factory=dict)
+    pixel_values: Any = field(default=None, compare=False, repr=False)
+    """A vision-language prompt's images, given to each of its requests (``Request.pixel_values``); not serialised."""
 
 
 class PromptSource(Protocol):
@@ -199,7 +201,7 @@ def starved_message(reason: str, groups: int, seconds: float, rewards: dict[floa
 
 def _prompt_of(t: Trajectory) -> Prompt:
     meta = {k: v for k, v in t.request.meta.items() if k != "prompt_id"}
-    return Prompt(t.request.meta.get("prompt_id", t.group_id), list(t.prompt_ids), meta)
+    return Prompt(t.request.meta.get("prompt_id", t.group_id), list(t.prompt_ids), meta, t.request.pixel_values)
 
 
 class PartialRolloutScheduler:
@@ -342,7 +344,10 @@ class PartialRolloutScheduler:
             if self.params_fn is not None:
                 params = self.params_fn(prompt, j, params)
             meta = dict(prompt.meta, prompt_id=prompt.prompt_id)
-            reqs.append(Request(f"{gid}-{j}", list(prompt.prompt_ids), params, group_id=gid, meta=meta))
+            px = prompt.pixel_values
+            reqs.append(
+                Request(f"{gid}-{j}", list(prompt.prompt_ids), params, group_id=gid, meta=meta, pixel_values=px)
+            )
         self._groups[gid] = {"prompt": prompt, "done": {}}
         self.totals["groups_submitted"] += 1
         self.engine.submit(reqs)
@@ -433,7 +438,10 @@ class PartialRolloutScheduler:
             "next_group": self._next_group,
             "source": self.source.state_dict(),
             "groups": {
-                gid: {"prompt": asdict(g["prompt"]), "done": [t.to_dict() for t in g["done"].values()]}
+                gid: {
+                    "prompt": asdict(replace(g["prompt"], pixel_values=None)),
+                    "done": [t.to_dict() for t in g["done"].values()],
+                }
                 for gid, g in self._groups.items()
             },
             "paused": [t.to_dict() for t in self._paused],
@@ -442,6 +450,8 @@ class PartialRolloutScheduler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict``; a source with ``pixel_values(meta)`` (``TaskSource``) gives every restored prompt
+        and trajectory its images back, rebuilt from the task row (pixel values are never checkpointed)."""
         if self.engine.n_active:
             raise RuntimeError("load_state_dict needs an empty engine")
         if self.engine.version != state["version"]:
@@ -451,12 +461,19 @@ class PartialRolloutScheduler:
         self.version = state["version"]
         self._next_group = state["next_group"]
         self.source.load_state_dict(state["source"])
+        pixels = getattr(self.source, "pixel_values", lambda meta: None)
+
+        def restored(d: dict[str, Any]) -> Trajectory:
+            t = Trajectory.from_dict(d)
+            t.request.pixel_values = pixels(t.request.meta)
+            return t
+
         self._groups = {}
         for gid, g in state["groups"].items():
-            done = [Trajectory.from_dict(d) for d in g["done"]]
-            self._groups[gid] = {"prompt": Prompt(**g["prompt"]), "done": {t.request_id: t for t in done}}
-        self._paused = [Trajectory.from_dict(d) for d in state["paused"]]
-        self._carry = [[Trajectory.from_dict(d) for d in g] for g in state.get("carry", [])]
+            prompt = Prompt(**g["prompt"] | {"pixel_values": pixels(g["prompt"]["meta"])})
+            self._groups[gid] = {"prompt": prompt, "done": {t.request_id: t for t in map(restored, g["done"])}}
+        self._paused = [restored(d) for d in state["paused"]]
+        self._carry = [[restored(d) for d in g] for g in state.get("carry", [])]
         self._restarted = {t.request_id for t in self._paused if t.attempt > 0 and t.n_tokens == 0}
         self.totals = dict.fromkeys(_TOTAL_KEYS, 0) | state["totals"]
 
