@@ -10,14 +10,20 @@ Inputs, one JSON object a line, in any number of files:
   the model's chat template (``formats.chat.CHAT_TEMPLATE`` when it has none) one message at a time: each
   assistant message's text after the generation prompt is in the loss, everything else (system, user, tool,
   the template's headers) is context only.
+- task (``posttrain rl``/``eval`` rows): ``{"messages": [...], "answer": ...}`` with no assistant message: the answer
+  is the assistant reply.
 - trace export (``TraceStore.session_export``): ``{"token_ids": [...], "loss_mask": [...]}``, ids exactly as the
   gateway fed them; ``skip`` steps already carry ``loss_mask`` 0: in context, out of the loss.
-A bad row (unknown role, broken tool call, over ``max_len`` tokens, nothing to learn, not JSON) is counted and
-skipped with its reason (``DIR/skipped.jsonl``), never a crash.
+Content may be a list of OpenAI-style parts, images among them (``formats.chat_images``; paths from the jsonl's folder):
+a vision-language model (``pretrain export --vlm``) renders them with its processor, each image's tokens context only,
+the example carrying its pixel values; a text-only model refuses them. A bad row (unknown role, broken tool call, over
+``max_len`` tokens, nothing to learn, not JSON, a missing, unreadable or too large image) is counted and skipped with
+its reason (``DIR/skipped.jsonl``), never a crash.
 
 Packing: examples are concatenated into rows of ``seq_len`` tokens; positions restart at 0 for every example and
 the attention mask is block-diagonal-causal (``pretrain.model.block_causal_mask``), and an example's last token
-predicts nothing, so no token attends to or predicts across an example boundary. The loss is the mean
+predicts nothing, so no token attends to or predicts across an example boundary. A row's pixel values are its image
+examples' in order: the order of their image tokens, which a Llava forward fills in that order. The loss is the mean
 cross-entropy over assistant target tokens of the micro-batch.
 
 The engine is DeepSpeed, as in pre-training (any ZeRO stage; ``--nproc`` ranks through the deepspeed launcher);
@@ -115,6 +121,8 @@ class Example:
 
     ids: list[int]
     labels: list[int]
+    pixel_values: Any = None
+    """The images of its image tokens, in order (a vision-language chat), or None."""
 
 
 def ensure_chat_template(tokenizer: Any) -> Any:
@@ -134,8 +142,8 @@ def check_messages(messages: Any) -> None:
         if role not in ROLES:
             raise BadRow(f"unknown role {role!r}")
         content = m.get("content")
-        if content is not None and not isinstance(content, str):
-            raise BadRow(f"message {i}: content is not a string")
+        if content is not None and not isinstance(content, (str, list)):
+            raise BadRow(f"message {i}: content is neither a string nor a list of parts")
         calls = m.get("tool_calls")
         if calls is not None:
             if role != "assistant" or not isinstance(calls, list):
@@ -152,8 +160,8 @@ def check_messages(messages: Any) -> None:
                         raise BadRow(f"broken tool call: {fn['name']} arguments are not JSON") from None
                 if not isinstance(args, dict):
                     raise BadRow(f"broken tool call: {fn['name']} arguments are not an object")
-        if role != "assistant" and not isinstance(content, str):
-            raise BadRow(f"message {i}: {role} message without text content")
+        if role != "assistant" and not isinstance(content, (str, list)):
+            raise BadRow(f"message {i}: {role} message without content")
     if not any(m["role"] == "assistant" and (m.get("content") or m.get("tool_calls")) for m in messages):
         raise BadRow("no assistant message to learn")
 
@@ -170,10 +178,23 @@ def _normalise(m: dict[str, Any]) -> dict[str, Any]:
     return {**m, "tool_calls": calls}
 
 
-def encode_chat(messages: list[dict[str, Any]], tokenizer: Any, tools: list[Any] | None = None) -> Example:
-    """Render message by message; assistant text after its generation prompt is labelled, the rest is context."""
+def encode_chat(
+    messages: list[dict[str, Any]], tokenizer: Any, tools: list | None = None, processor: Any = None, base: str = ""
+) -> Example:
+    """Render message by message; assistant text after its generation prompt is labelled, the rest is context. Image
+    parts need a vision-language ``processor``: a piece holding image placeholders is tokenised by it with its
+    images, which expands each placeholder to the image's tokens (``BadImage`` when an image fails)."""
+    from formats.chat import IMAGE_TOKEN
+    from formats.chat_images import has_images, resolve
+
     check_messages(messages)
-    msgs = [_normalise(m) for m in messages]
+    msgs, images = [_normalise(m) for m in messages], []
+    if has_images({"messages": msgs}):
+        import torch
+
+        if processor is None:
+            raise ValueError("the row holds images and this is a text-only model (export it with --vlm)")
+        msgs, images = resolve(msgs, base)
     kw = {"tools": tools} if tools else {}
 
     def render(upto: int, gen: bool = False) -> str:
@@ -183,13 +204,19 @@ def encode_chat(messages: list[dict[str, Any]], tokenizer: Any, tools: list[Any]
 
     ids: list[int] = []
     labels: list[int] = []
-    done = ""
+    done, pixels = "", []
 
     def add(text: str, train: bool) -> None:
         nonlocal done
         if not text:
             return
-        toks = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if n := text.count(IMAGE_TOKEN) if images else 0:
+            k = sum(len(p) for p in pixels)
+            enc = processor(text=text, images=images[k : k + n], return_tensors="pt", add_special_tokens=False)
+            toks = enc["input_ids"][0].tolist()
+            pixels.append(enc["pixel_values"])
+        else:
+            toks = tokenizer(text, add_special_tokens=False)["input_ids"]
         ids.extend(toks)
         labels.extend(toks if train else [IGNORE] * len(toks))
         done += text
@@ -204,15 +231,18 @@ def encode_chat(messages: list[dict[str, Any]], tokenizer: Any, tools: list[Any]
         if not full.startswith(done):
             raise BadRow(f"chat template is not prefix-consistent at message {i}")
         add(full[len(done) :], train=m["role"] == "assistant")
-    return Example(ids, labels)
+    return Example(ids, labels, torch.cat(pixels) if pixels else None)
 
 
-def encode_row(row: Any, tokenizer: Any, max_len: int) -> Example:
-    """A chat row or a trace-export row → Example; BadRow says why not."""
+def encode_row(row: Any, tokenizer: Any, max_len: int, processor: Any = None, base: str = "") -> Example:
+    """A chat, task or trace-export row → Example; BadRow (or ``BadImage``) says why not."""
     if not isinstance(row, dict):
         raise BadRow("row is not a JSON object")
     if "messages" in row:
-        ex = encode_chat(row["messages"], tokenizer, row.get("tools"))
+        msgs = row["messages"]
+        if "answer" in row and isinstance(msgs, list) and not any(m.get("role") == "assistant" for m in msgs):
+            msgs = [*msgs, {"role": "assistant", "content": str(row["answer"])}]  # a task row: its answer is the reply
+        ex = encode_chat(msgs, tokenizer, row.get("tools"), processor, base)
     elif "token_ids" in row:
         ids, mask = row["token_ids"], row.get("loss_mask")
         if mask is None or len(mask) != len(ids):
@@ -230,8 +260,13 @@ def encode_row(row: Any, tokenizer: Any, max_len: int) -> Example:
     return ex
 
 
-def load_examples(paths: Sequence[str], tokenizer: Any, max_len: int) -> tuple[list[Example], list[dict[str, Any]]]:
-    """Every good row of ``paths`` in order, and one record per skipped row (file, line, reason)."""
+def load_examples(
+    paths: Sequence[str], tokenizer: Any, max_len: int, processor: Any = None
+) -> tuple[list[Example], list[dict[str, Any]]]:
+    """Every good row of ``paths`` in order, and one record per skipped row (file, line, reason); image rows through
+    ``processor`` (relative image paths from the file's folder); a text-only model (no processor) refuses them."""
+    from formats.chat_images import BadImage
+
     good: list[Example] = []
     skipped: list[dict[str, Any]] = []
     for path in paths:
@@ -240,11 +275,13 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_len: int) -> tuple[l
                 if not line.strip():
                     continue
                 try:
-                    good.append(encode_row(json.loads(line), tokenizer, max_len))
+                    good.append(encode_row(json.loads(line), tokenizer, max_len, processor, str(Path(path).parent)))
                 except json.JSONDecodeError:
                     skipped.append({"file": str(path), "line": n, "reason": "not JSON"})
-                except BadRow as e:
+                except (BadRow, BadImage) as e:
                     skipped.append({"file": str(path), "line": n, "reason": str(e)})
+                except ValueError as e:  # a refusal (image rows, text-only model): the whole run, not one row
+                    raise ValueError(f"{path}:{n}: {e}") from None
     return good, skipped
 
 
@@ -254,22 +291,27 @@ def shifted(ex: Example) -> list[int]:
     return [*ex.labels[1:], IGNORE]
 
 
-def pack(examples: Sequence[Example], seq_len: int) -> list[dict[str, list[int]]]:
-    """Greedy first-fit in order: rows of ``input_ids``, ``targets``, ``position_ids`` (restart per example) and
-    ``seq_ids`` (1, 2, … per example in the row; 0 = padding)."""
-    rows: list[dict[str, list[int]]] = []
-    cur: dict[str, list[int]] = {"input_ids": [], "targets": [], "position_ids": [], "seq_ids": []}
+_ROW_KEYS = ("input_ids", "targets", "position_ids", "seq_ids", "pixel_values")
+
+
+def pack(examples: Sequence[Example], seq_len: int) -> list[dict[str, list[Any]]]:
+    """Greedy first-fit in order: rows of ``input_ids``, ``targets``, ``position_ids`` (restart per example),
+    ``seq_ids`` (1, 2, … per example in the row; 0 = padding) and ``pixel_values`` (the image examples' pixel values
+    in example order, so in the order of the row's image tokens)."""
+    rows: list[dict[str, list[Any]]] = []
+    cur: dict[str, list[Any]] = {k: [] for k in _ROW_KEYS}
     for ex in examples:
         if len(ex.ids) > seq_len:
             raise ValueError(f"example of {len(ex.ids)} tokens > seq_len {seq_len} (max_len must be ≤ seq_len)")
         if len(cur["input_ids"]) + len(ex.ids) > seq_len:
             rows.append(cur)
-            cur = {"input_ids": [], "targets": [], "position_ids": [], "seq_ids": []}
+            cur = {k: [] for k in _ROW_KEYS}
         k = (cur["seq_ids"][-1] if cur["seq_ids"] else 0) + 1
         cur["input_ids"] += ex.ids
         cur["targets"] += shifted(ex)
         cur["position_ids"] += list(range(len(ex.ids)))
         cur["seq_ids"] += [k] * len(ex.ids)
+        cur["pixel_values"] += [ex.pixel_values] if ex.pixel_values is not None else []
     if cur["input_ids"]:
         rows.append(cur)
     for r in rows:  # pad to seq_len: padding is its own (masked) sample with no targets
@@ -281,13 +323,16 @@ def pack(examples: Sequence[Example], seq_len: int) -> list[dict[str, list[int]]
     return rows
 
 
-def collate(rows: Sequence[dict[str, list[int]]]) -> dict[str, Any]:
+def collate(rows: Sequence[dict[str, list[Any]]]) -> dict[str, Any]:
+    """Rows → tensors, the block-causal mask, and (image rows) their pixel values concatenated in row order."""
     import torch
 
     from pretrain.model import block_causal_mask
 
-    batch = {k: torch.tensor([r[k] for r in rows]) for k in ("input_ids", "targets", "position_ids", "seq_ids")}
-    batch["attention_mask"] = block_causal_mask(batch.pop("seq_ids"))
+    batch = {k: torch.tensor([r[k] for r in rows]) for k in ("input_ids", "targets", "position_ids")}
+    batch["attention_mask"] = block_causal_mask(torch.tensor([r["seq_ids"] for r in rows]))
+    if px := [p for r in rows for p in r.get("pixel_values", ())]:
+        batch["pixel_values"] = torch.cat(px)
     return batch
 
 
@@ -295,7 +340,7 @@ def sft_loss(model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
     """Mean cross-entropy over the batch's target tokens, and the logits (tests probe their gradient)."""
     import torch.nn.functional as F
 
-    logits = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}, use_cache=False).logits
+    logits = model(**{k: v for k, v in batch.items() if k != "targets"}, use_cache=False).logits
     targets = batch["targets"]
     n = (targets != IGNORE).sum().clamp(min=1)
     loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
@@ -372,24 +417,26 @@ def train(
     import deepspeed
     import torch
     import torch.distributed as dist
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from formats.rundir import RunDir
     from posttrain.fit import fit, progress_bar
     from posttrain.fit import schedule as lr_schedule
+    from posttrain.rl.engines import PolicyConfig, build_policy, load_processor
 
     rank, world = setup()
     run = RunDir(out, resume=resume, tensorboard=cfg.tensorboard, rank=rank, checkpoint="ckpt/latest")
     run.write_config(dataclasses.asdict(cfg))
     tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(cfg.model))
-    examples, skipped = load_examples(cfg.data, tokenizer, min(cfg.max_len, cfg.seq_len))
+    processor = load_processor(PolicyConfig(path=cfg.model))  # a vision-language model's, else None
+    examples, skipped = load_examples(cfg.data, tokenizer, min(cfg.max_len, cfg.seq_len), processor)
     if rank == 0:
         _report_skipped(run.path, skipped, len(examples))
     if not examples:
         raise ValueError(f"no usable rows in {', '.join(cfg.data)} ({len(skipped)} skipped: see skipped.jsonl)")
 
     torch.manual_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
+    model = build_policy(PolicyConfig(path=cfg.model), tokenizer=tokenizer)[0]  # the one loader: LM or VLM, fp32
     model.config.use_cache = False
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -437,13 +484,14 @@ def train(
 
     fit(engine, micro_batches(), lambda m, b: sft_loss(m, b)[0], on_step=on_step)
     bar.close()
-    _save_policy(engine, tokenizer, run.policy, cfg.zero_stage, rank)
+    _save_policy(engine, processor or tokenizer, run.policy, cfg.zero_stage, rank)
     run.close()
     return rows
 
 
 def _save_policy(engine: Any, tokenizer: Any, path: Path, stage: int, rank: int) -> None:
-    """The trained model as a Hugging Face directory (ZeRO-3: every rank's shard gathered first)."""
+    """The trained model as a Hugging Face directory with its tokenizer, or a VLM's processor (ZeRO-3: every rank's
+    shard gathered first)."""
     import deepspeed
 
     module = engine.module

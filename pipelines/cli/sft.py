@@ -51,7 +51,11 @@ def run_sft(args: argparse.Namespace) -> int:
     from pretrain.train import init_distributed, prepare_env
 
     prepare_env()
-    rows = train(cfg, args.out, setup=init_distributed, resume=args.resume, progress=not args.no_progress)
+    try:
+        rows = train(cfg, args.out, setup=init_distributed, resume=args.resume, progress=not args.no_progress)
+    except ValueError as e:  # refused before training: no usable row, image rows for a text-only model
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if rows and int(os.environ.get("RANK", "0")) == 0:
         print(f"step {rows[-1]['step']}: loss {rows[-1]['loss']:.4f}, policy at {args.out}/policy")
     return 0

@@ -1,10 +1,15 @@
-"""Issue 37, items 2 (eval) and 3 on tiny models: ``build`` on synthetic pages → ``posttrain tasks figures`` →
-a 3-step pre-training run → ``pretrain export --vlm`` → ``eval --task jsonl`` on the figure task's test split
-(image rows through the processor, pixel values into the HF engine's prefill; broken images skipped and counted);
-and the engine's prefill with pixel values checked against the model's own forward."""
+"""Issue 37, items 2 and 3 on tiny models: ``build`` on synthetic pages → ``posttrain tasks figures`` → a 3-step
+pre-training run → ``pretrain export --vlm`` → ``eval --task jsonl`` on the figure task's test split (image rows
+through the processor, pixel values into the HF engine's prefill; broken images skipped and counted), and the
+post-training chain on it: ``posttrain sft`` on its train rows → ``posttrain rl`` (2 steps) → ``eval``; the engine's
+prefill, SFT's packed rows and the RL learner's logprobs each checked against the model's own forward with images."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
+import io
 import json
 from pathlib import Path
 
@@ -12,6 +17,8 @@ import pytest
 import torch
 
 from tests.pretrain.test_export import _train
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -25,24 +32,62 @@ def vlm(corpus: Path, tiny_models: Path, tmp_path_factory: pytest.TempPathFactor
     return run, model
 
 
-def test_figure_task_from_a_build_evaluates_on_the_exported_vlm(vlm, tiny_models, tmp_path, capsys) -> None:
+@pytest.fixture(scope="module")
+def figures(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(task dir, what ``tasks figures`` printed): ``build`` on three synthetic papers, then the caption task."""
     from parsing.synthetic import synthetic_pdf
     from pipelines.cli import main
 
-    run, model = vlm
-    pdfs, out, task = tmp_path / "pdfs", tmp_path / "out", tmp_path / "figures"
+    tmp = tmp_path_factory.mktemp("figures")
+    pdfs, out, task = tmp / "pdfs", tmp / "out", tmp / "figures"
     pdfs.mkdir()
     for seed in range(3):
         (pdfs / f"paper{seed}.pdf").write_bytes(synthetic_pdf(1, seed=seed)[0])
     build = ["build", str(pdfs), "--out", str(out), "--tokenizer", str(tiny_models / "tokenizer"), "--backend",
              "pymupdf", "--max-tokens", "256", "--overlap", "16", "--no-progress", "--runner", "DirectRunner"]  # fmt: skip
-    assert main(build) == 0
-    capsys.readouterr()
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        assert main(build) == 0
+        assert main(["posttrain", "tasks", "figures", "--shards", str(out), "--out", str(task)]) == 0
+    return task, said.getvalue()
 
-    assert main(["posttrain", "tasks", "figures", "--shards", str(out), "--out", str(task)]) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+@pytest.fixture(scope="module")
+def text_only(vlm, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same run exported as a text-only causal LM."""
+    from pipelines.cli import main
+
+    out = tmp_path_factory.mktemp("text-only") / "model"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["pretrain", "export", str(vlm[0]), "--out", str(out)]) == 0
+    return out
+
+
+def _rows(task: Path, split: str) -> list[dict]:
+    return [json.loads(x) for x in (task / f"{split}.jsonl").read_text().splitlines()]
+
+
+def _broken(row: dict) -> list[dict]:
+    """Two copies of ``row`` whose image is a missing file and a corrupt data URL."""
+    out = [json.loads(json.dumps(row)) for _ in range(2)]
+    out[0]["id"], out[0]["messages"][0]["content"][0]["image_url"]["url"] = "missing", "nowhere/figure.png"
+    out[1]["id"], out[1]["messages"][0]["content"][0]["image_url"]["url"] = "corrupt", "data:image/png;base64,AAAA"
+    return out
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_figure_task_from_a_build_evaluates_on_the_exported_vlm(vlm, figures, text_only, tmp_path, capsys) -> None:
+    from pipelines.cli import main
+
+    _, model = vlm
+    task, said = figures
+    summary = json.loads(said.strip().splitlines()[-1])
     assert summary == json.loads((task / "summary.json").read_text())
-    rows = {s: [json.loads(x) for x in (task / f"{s}.jsonl").read_text().splitlines()] for s in ("train", "test")}
+    rows = {s: _rows(task, s) for s in ("train", "test")}
     assert summary["rows"] == {s: len(r) for s, r in rows.items()} and rows["train"] and rows["test"]
     assert summary["documents"]["train"] + summary["documents"]["test"] == 3
     assert not {r["doc_id"] for r in rows["train"]} & {r["doc_id"] for r in rows["test"]}
@@ -53,14 +98,7 @@ def test_figure_task_from_a_build_evaluates_on_the_exported_vlm(vlm, tiny_models
     assert summary["skipped"].get("equation_text_not_in_shards", 0) >= 1  # synthetic pages carry display equations
 
     # eval on the test split, plus two rows whose images are broken: skipped with their reasons, never a crash
-    test = tmp_path / "test_plus_broken.jsonl"
-    broken = [json.loads(json.dumps(rows["test"][0])) for _ in range(2)]
-    broken[0]["id"], broken[0]["messages"][0]["content"][0]["image_url"]["url"] = "missing", "nowhere/figure.png"
-    broken[1]["id"], broken[1]["messages"][0]["content"][0]["image_url"]["url"] = (
-        "corrupt",
-        "data:image/png;base64,AAAA",
-    )
-    test.write_text("".join(json.dumps(r) + "\n" for r in [*rows["test"], *broken]))
+    test = _write(tmp_path / "test_plus_broken.jsonl", [*rows["test"], *_broken(rows["test"][0])])
     args = ["eval", "--model", str(model), "--task", "jsonl", "--data", str(test), "--n", "2", "--k", "1,2",
             "--max-new-tokens", "2", "--out", str(tmp_path / "eval.json"), "--no-progress"]  # fmt: skip
     assert main(args) == 0
@@ -72,9 +110,6 @@ def test_figure_task_from_a_build_evaluates_on_the_exported_vlm(vlm, tiny_models
     assert "skipped 2 (missing_file 1, unreadable 1)" in said
 
     # a text-only export of the same run refuses image rows with a clear message
-    text_only = tmp_path / "text-only"
-    assert main(["pretrain", "export", str(run), "--out", str(text_only)]) == 0
-    capsys.readouterr()
     assert main([*args[:2], str(text_only), *args[3:]]) == 2
     assert "holds images and this is a text-only model" in capsys.readouterr().err
 
@@ -114,3 +149,163 @@ def test_hf_engine_prefills_with_each_requests_pixel_values(vlm, tmp_path) -> No
             blind = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)
         assert abs(t.logprobs[0] - ref[t.token_ids[0]].item()) <= 1e-5
         assert (ref - blind).abs().max().item() > 1e-3
+
+
+def test_sft_packs_image_examples_with_their_pixels_in_token_order_and_skips_bad_images(
+    vlm, figures, tmp_path, one_torch_thread
+) -> None:
+    """Two figure rows (answers as assistant replies) packed into one row: each example's logits equal its own
+    forward with its image (≤ 1e-5), and swapping the row's two images changes them; broken images are skipped with
+    their reasons; without a processor (a text-only model) image rows are refused."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    from posttrain.rl.engines import PolicyConfig, build_policy
+    from posttrain.sft import IGNORE, collate, load_examples, pack, sft_loss
+
+    _, model_dir = vlm
+    rows = _rows(figures[0], "train")
+    two = [rows[0], next(r for r in rows if r["image_sha256"] != rows[0]["image_sha256"])]
+    data = _write(tmp_path / "sft.jsonl", [*two, *_broken(rows[0])])
+    tok, processor = AutoTokenizer.from_pretrained(model_dir), AutoProcessor.from_pretrained(model_dir)
+    examples, skipped = load_examples([str(data)], tok, 1024, processor)
+    assert [s["reason"].split(":")[0] for s in skipped] == ["missing_file", "unreadable"] and len(examples) == 2
+    config = json.loads((model_dir / "config.json").read_text())
+    for ex, r in zip(examples, two):  # one image, expanded to its tokens, context only; the answer letter is trained
+        assert ex.pixel_values.shape[0] == 1 and ex.ids.count(config["image_token_index"]) == config["image_seq_length"]
+        assert all(lab == IGNORE for t, lab in zip(ex.ids, ex.labels) if t == config["image_token_index"])
+        assert tok.decode([t for t in ex.labels if t != IGNORE]).startswith(r["answer"])
+
+    model = build_policy(PolicyConfig(path=str(model_dir)))[0].eval()
+    (row,) = pack(examples, 1024)
+    batch = collate([row])
+    with torch.no_grad():
+        _, packed = sft_loss(model, batch)
+        swapped = model(**{**batch, "pixel_values": batch["pixel_values"].flip(0)}).logits
+    start = 0
+    for ex in examples:
+        with torch.no_grad():
+            alone = model(input_ids=torch.tensor([ex.ids]), pixel_values=ex.pixel_values).logits[0]
+        end = start + len(ex.ids)
+        assert (packed[0, start:end] - alone).abs().max() <= 1e-5
+        assert (swapped[0, start:end] - alone).abs().max() > 1e-3
+        start = end
+    with pytest.raises(ValueError, match="sft.jsonl:1: the row holds images and this is a text-only model"):
+        load_examples([str(data)], tok, 1024, None)
+
+
+def test_rl_learner_scores_image_trajectories_as_the_engine_did_across_pause_and_checkpoint(
+    vlm, figures, tmp_path, one_torch_thread
+) -> None:
+    """The partial-rollout scheduler over the figure task: the learner's logprobs of image trajectories equal the
+    engine's (≤ 1e-4, fp32) and differ without the images; a trajectory paused across the batch, checkpointed and
+    restored gets its images back from its task row and continues exactly as the uncheckpointed one does."""
+    from posttrain.rl.engines import PolicyConfig, build_policy, load_processor
+    from posttrain.rl.learner import Learner
+    from posttrain.rl.task import JsonlTask, TaskSource, exact_match
+    from posttrain.rollout.engines.hf import HFEngine
+    from posttrain.rollout.scheduler import PartialRolloutScheduler, SchedulerConfig
+    from posttrain.rollout.types import SamplingParams
+
+    policy = PolicyConfig(path=str(vlm[1]))
+    model, tok = build_policy(policy)
+    data = _write(tmp_path / "task.jsonl", [*_rows(figures[0], "train"), *_broken(_rows(figures[0], "train")[0])])
+
+    def scheduler() -> PartialRolloutScheduler:
+        source = TaskSource(JsonlTask.from_jsonl(data, exact_match), tok, seed=0, processor=load_processor(policy))
+        assert {k: v.split(":")[0] for k, v in source.skipped.items()} == {"missing": "missing_file",
+                                                                           "corrupt": "unreadable"}  # fmt: skip
+        lengths = lambda prompt, j, p: dataclasses.replace(p, forced_length=(2, 5)[j])  # noqa: E731
+        cfg = SchedulerConfig(batch_target=2, group_size=2, dapo=False)
+        engine = HFEngine(copy.deepcopy(model), capacity=4)
+        return PartialRolloutScheduler(engine, source, lambda t: 0.0, SamplingParams(8), cfg, params_fn=lengths)
+
+    learner = Learner(model)
+
+    def check(trajs) -> None:
+        assert all(t.request.pixel_values is not None for t in trajs)
+        got = learner.logprobs(trajs)
+        for i, t in enumerate(trajs):
+            assert (got[i, : t.n_tokens] - torch.tensor(t.logprobs)).abs().max() <= 1e-4
+        for t in trajs:
+            t.request.pixel_values = None
+        blind = learner.logprobs(trajs)
+        assert max((blind[i, : t.n_tokens] - got[i, : t.n_tokens]).abs().max() for i, t in enumerate(trajs)) > 1e-3
+
+    a = scheduler()
+    batch = a.collect()
+    paused = a.paused
+    assert paused and all(0 < t.n_tokens < 5 for t in paused)  # a group submitted late, cut mid-response
+    state = torch.load(_save(a.state_dict(), tmp_path / "state.pt"), weights_only=False)
+    check([t for g in batch.groups for t in g])
+
+    b = scheduler()
+    b.load_state_dict(state)
+    for before, after in zip(paused, b.paused, strict=True):  # rebuilt from the row: the very same pixels
+        assert torch.equal(before.request.pixel_values, after.request.pixel_values)
+    next_a, next_b = a.collect(), b.collect()
+    resumed = {t.request_id for t in paused}
+    trajs_a = [t for g in next_a.groups for t in g]
+    trajs_b = [t for g in next_b.groups for t in g]
+    assert resumed & {t.request_id for t in trajs_b}
+    assert [t.token_ids for t in trajs_a] == [t.token_ids for t in trajs_b]
+    assert max(abs(x - y) for a_, b_ in zip(trajs_a, trajs_b) for x, y in zip(a_.logprobs, b_.logprobs)) <= 1e-6
+    check(trajs_b)
+
+
+def _save(state: dict, path: Path) -> Path:
+    torch.save(state, path)
+    return path
+
+
+def test_sft_then_rl_then_eval_on_the_figure_task(vlm, figures, text_only, tmp_path, capsys, monkeypatch) -> None:
+    """The chain after export through the CLI: ``posttrain sft`` on the figure task's train rows (answers as replies)
+    → ``posttrain rl`` (2 steps) from that policy on the same rows → ``eval`` on the test split with pass@k; a row
+    whose image is broken is skipped with its reason by both; a text-only model refuses image rows in both."""
+    from pipelines.cli import main
+
+    for k, v in OFFLINE.items():
+        monkeypatch.setenv(k, v)
+    task, model = figures[0], vlm[1]
+    data = _write(tmp_path / "train.jsonl", [*_rows(task, "train"), _broken(_rows(task, "train")[0])[0]])
+    sft, rl = tmp_path / "sft", tmp_path / "rl"
+    args = ["posttrain", "sft", "--config", "debug", "--model", str(model), "--data", str(data), "--out", str(sft),
+            "--set", "steps=2", "--set", "micro_batch=1", "--set", "tensorboard=false", "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    assert "1 skipped (1 missing_file)" in capsys.readouterr().out
+    assert [json.loads(x)["reason"].split(":")[0] for x in (sft / "skipped.jsonl").read_text().splitlines()] == [
+        "missing_file"
+    ]
+    steps = [json.loads(x) for x in (sft / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["target_tokens"] > 0 for r in steps)
+    assert (sft / "policy" / "processor_config.json").exists()
+
+    args = ["posttrain", "rl", "--config", "debug", "--out", str(rl), "--set", f"policy.path={sft / 'policy'}",
+            "--set", "task.name=jsonl", "--set", f"task.jsonl={data}", "--set", "task.verifier=prefix",
+            "--set", "steps=2", "--set", "scheduler.batch_target=2", "--set", "scheduler.group_size=2",
+            "--set", "scheduler.dapo=false", "--set", "sampling.max_new_tokens=3", "--set", "engine_capacity=6",
+            "--set", "learner.n_minibatches=2", "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    assert "skipped {'missing_file': 1}" in capsys.readouterr().out
+    steps = [json.loads(x) for x in (rl / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["trained_tokens"] > 0 for r in steps)
+    # trainer and engine agree on every token seen at the same weights, the resumed partial ones included
+    assert all(r["matched_mismatch_abs_max"] <= 1e-4 and r["bkl_masked_fraction"] == 0 for r in steps)
+    assert steps[1]["old_version_tokens"] > 0  # step 2 trained tokens sampled before the sync (paused, resumed)
+
+    result = tmp_path / "eval.json"
+    args = ["eval", "--model", str(rl / "policy"), "--task", "jsonl", "--data", str(task / "test.jsonl"), "--n", "2",
+            "--k", "1,2", "--max-new-tokens", "2", "--out", str(result), "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    got = json.loads(result.read_text())
+    assert {"pass@1", "pass@2"} <= set(got) and 0.0 <= got["pass@1"] <= got["pass@2"] <= 1.0
+    assert got["problems_count"] == len(_rows(task, "test")) and not got["skipped"]
+
+    capsys.readouterr()
+    sft_args = ["posttrain", "sft", "--config", "debug", "--model", str(text_only), "--data", str(data), "--out",
+                str(tmp_path / "refused-sft"), "--no-progress"]  # fmt: skip
+    assert main(sft_args) == 2
+    assert "holds images and this is a text-only model" in capsys.readouterr().err
+    rl_args = ["posttrain", "rl", "--config", "debug", "--out", str(tmp_path / "refused-rl"), "--set",
+               f"policy.path={text_only}", "--set", "task.name=jsonl", "--set", f"task.jsonl={data}", "--no-progress"]  # fmt: skip
+    assert main(rl_args) == 2
+    assert "task rows hold images and the policy is a text-only model" in capsys.readouterr().err
