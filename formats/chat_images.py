@@ -18,6 +18,7 @@ import base64
 import binascii
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,9 +112,13 @@ def decode_image(data: bytes, limits: ImageLimits = ImageLimits()) -> Any:
 
 
 def resolve(
-    messages: list[dict[str, Any]], base_dir: str | None = None, limits: ImageLimits = ImageLimits()
+    messages: list[dict[str, Any]],
+    base_dir: str | None = None,
+    limits: ImageLimits = ImageLimits(),
+    load: Callable[[dict[str, Any]], Any] | None = None,
 ) -> tuple[list[dict[str, Any]], list[Any]]:
-    """Messages with every image part replaced by ``{"type": "image"}``, and the images in order."""
+    """Messages with every image part replaced by ``{"type": "image"}``, and the images in order (each part through
+    ``load``, default :func:`load_image`)."""
     out, images = [], []
     for m in messages:
         content = m.get("content")
@@ -121,7 +126,7 @@ def resolve(
             parts = []
             for p in content:
                 if is_image_part(p):
-                    images.append(load_image(p, base_dir, limits))
+                    images.append(load(p) if load is not None else load_image(p, base_dir, limits))
                     p = {"type": "image"}
                 parts.append(p)
             m = {**m, "content": parts}

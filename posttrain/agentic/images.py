@@ -25,7 +25,7 @@ import re
 from collections import OrderedDict
 from typing import Any
 
-from formats.chat_images import BadImage, ImageLimits, decode_image, image_bytes
+from formats.chat_images import BadImage, ImageLimits, decode_image, image_bytes, resolve
 
 MARKER = re.compile(r"<image sha256=([0-9a-f]{64})>")
 
@@ -48,18 +48,7 @@ class ImageKeys:
     def resolve(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
         """Messages with each image part as ``{"type": "image"}`` (what the chat template renders as the
         placeholder) and the images' hashes in order; each new image is decoded and processed once."""
-        out, hashes = [], []
-        for m in messages:
-            content = m.get("content")
-            if isinstance(content, list):
-                parts = []
-                for p in content:
-                    if isinstance(p, dict) and p.get("type") == "image_url":
-                        hashes.append(self._add(self._bytes(p)))
-                        p = {"type": "image"}
-                    parts.append(p)
-                m = {**m, "content": parts}
-            out.append(m)
+        out, hashes = resolve(messages, load=lambda part: self._add(self._bytes(part)))
         while len(self._cache) > max(self._size, len(set(hashes))):  # this call's images are the newest
             self._cache.popitem(last=False)
         return out, hashes
