@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from formats.chat import TURN_END
-from posttrain.rl.task import VERIFIERS, encode_prompt  # chat rows as RL feeds them (template, images)
+from posttrain.rl.task import VERIFIERS, encode_prompt, response  # chat rows as RL feeds them (template, images)
 from posttrain.rollout.engine import run_all
-from posttrain.rollout.types import FINISH_STOP, Request, SamplingParams
+from posttrain.rollout.types import Request, SamplingParams
 
 Check = Callable[[str, dict[str, Any], bool], bool]
 
@@ -182,11 +181,8 @@ def sample(
             params = SamplingParams(task.max_new_tokens, temperature, top_p, seed=seed_j, stop_token_ids=stop)
             requests.append(Request(f"{row['id']}/{j}", ids, params, group_id=str(row["id"]), pixel_values=pixels))
     for traj in run_all(engine, requests, progress=progress):
-        stopped = traj.finish_reason == FINISH_STOP
-        text = tokenizer.decode(traj.token_ids[:-1] if stopped else traj.token_ids, skip_special_tokens=True)
         row = by_id[traj.request.group_id]
-        if "messages" in row and TURN_END in text:  # formats.chat's template ends turns with text, not EOS
-            text, stopped = text.split(TURN_END, 1)[0], True
+        text, stopped = response(traj, row, tokenizer)  # as RL's reward reads it
         results[traj.request.group_id].samples.append(Sample(text, stopped, bool(task.check(text, row, stopped))))
     return list(results.values())
 

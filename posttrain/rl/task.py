@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from formats import fs
+from formats.chat import TURN_END
 from posttrain.rollout.scheduler import Prompt
 from posttrain.rollout.types import FINISH_STOP, Trajectory
 
@@ -186,6 +187,16 @@ def prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:
     return [tokenizer.bos_token_id, *ids] if tokenizer.bos_token_id is not None else ids
 
 
+def response(traj: Trajectory, row: dict[str, Any], tokenizer: Any) -> tuple[str, bool]:
+    """(the decoded response without its stop token, whether it ended): RL's reward and ``eval``'s check read the
+    same text. A chat row's turn also ends at ``formats.chat.TURN_END`` (that template ends turns with text)."""
+    stopped = traj.finish_reason == FINISH_STOP
+    text = tokenizer.decode(traj.token_ids[:-1] if stopped else traj.token_ids, skip_special_tokens=True)
+    if "messages" in row and TURN_END in text:
+        text, stopped = text.split(TURN_END, 1)[0], True
+    return text, stopped
+
+
 def prefix_credit(completion: str, row: dict[str, Any], stopped: bool) -> float:
     """Fraction of ``answer + <end>`` matched from the start: exact answer then stop = 1."""
     target = list(row["answer"]) + ["<end>"]
@@ -297,11 +308,9 @@ class TaskSource:
         return encode_prompt(self._by_id[meta["row_id"]], self.tokenizer, self.processor, self.task.base)[1]
 
     def reward(self, traj: Trajectory) -> float:
-        """Decode the response (without its stop token) and run the verifier on it."""
+        """Decode the response (:func:`response`, as ``eval`` reads it) and run the verifier on it."""
         row = self._by_id[traj.request.meta["row_id"]]
-        stopped = traj.finish_reason == FINISH_STOP
-        ids = traj.token_ids[:-1] if stopped else traj.token_ids
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        text, stopped = response(traj, row, self.tokenizer)
         return float(self.task.verify(text, row, stopped))
 
     def state_dict(self) -> dict[str, Any]:

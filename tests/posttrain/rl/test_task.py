@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from posttrain.rl.task import (
+    CHARS,
     JsonlTask,
     TaskSource,
     char_tokenizer,
@@ -63,6 +64,19 @@ def test_jsonl_task_source_rewards_and_cursor(tmp_path):
     t.token_ids, t.finish_reason = answer_ids + [tok.eos_token_id], FINISH_STOP
     assert src.reward(t) == 1.0
     t.token_ids, t.finish_reason = answer_ids, FINISH_LENGTH
+    assert src.reward(t) == 0.0
+
+
+def test_a_chat_rows_turn_ends_at_the_templates_turn_end_for_the_reward_as_for_eval():
+    """formats.chat's template ends a turn with the text <|im_end|>, not EOS: the reward reads the response up to it
+    (as ``eval`` does, through the same ``response``), so "B<|im_end|>..." cut at the length limit passes ``exact``."""
+    tok = char_tokenizer(CHARS + "<|im_end>\nB", split="[\\s\\S]")
+    row = {"id": "f", "messages": [{"role": "user", "content": "1"}], "answer": "B"}
+    src = TaskSource(JsonlTask([row], exact_match), tok)
+    t = Trajectory(Request("x", [0], meta={"row_id": "f"}), finish_reason=FINISH_LENGTH)
+    t.token_ids = tok("B<|im_end|>\nBB", add_special_tokens=False)["input_ids"]
+    assert src.reward(t) == 1.0
+    t.token_ids = tok("BB<|im_end|>", add_special_tokens=False)["input_ids"]
     assert src.reward(t) == 0.0
 
 
