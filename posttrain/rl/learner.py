@@ -24,7 +24,7 @@ from torch import Tensor
 from posttrain import fit
 from posttrain.objectives.advantages import ShapingConfig, shape
 from posttrain.objectives.policy_loss import BklConfig, ClipConfig, bkl_mask_from_logprobs, policy_loss
-from posttrain.rollout.sampling import sampling_logprobs
+from posttrain.rollout.sampling import sampling_logprobs, without_placeholder
 from posttrain.rollout.scheduler import Batch
 from posttrain.rollout.types import Trajectory
 
@@ -158,7 +158,7 @@ def token_logprobs(
     else:
         logits = model(**p.inputs(), use_cache=False).logits
     idx = p.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-    at = logits.gather(1, idx)  # [N, T, V]: the logits that predicted each response token
+    at = without_placeholder(logits.gather(1, idx), model.config)  # [N, T, V]: the logits behind each response token
     return sampling_logprobs(at, temperature, top_p).gather(-1, p.tokens.unsqueeze(-1)).squeeze(-1)
 
 

@@ -15,6 +15,14 @@ from torch import Tensor
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, attempt, position) over 63 bits
 
 
+def without_placeholder(logits: Tensor, config: object) -> Tensor:
+    """``logits`` with a vision-language model's image placeholder (``config.image_token_id``) at -inf, in engine and
+    learner alike: it stands for an image's features in the input, never a token to sample (a sampled one would
+    give prompt + response more image tokens than images, which the forward refuses)."""
+    tid = getattr(config, "image_token_id", None)
+    return logits if tid is None else logits.index_fill(-1, torch.tensor([tid], device=logits.device), float("-inf"))
+
+
 def sampling_logprobs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
     """log π of the distribution actually sampled: ``log_softmax(logits / T)``, restricted to the
     nucleus (smallest set of tokens with mass ≥ top_p) and renormalised; tokens outside get -inf.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import io
 import json
 from pathlib import Path
@@ -124,6 +125,7 @@ def test_hf_engine_prefills_with_each_requests_pixel_values(vlm, tmp_path) -> No
     from posttrain.rl.engines import PolicyConfig, build_policy
     from posttrain.rollout.engine import run_all
     from posttrain.rollout.engines.hf import HFEngine
+    from posttrain.rollout.sampling import without_placeholder
     from posttrain.rollout.types import Request, SamplingParams
 
     _, model_dir = vlm
@@ -143,12 +145,13 @@ def test_hf_engine_prefills_with_each_requests_pixel_values(vlm, tmp_path) -> No
     ]
     assert "pixel_values" not in requests[0].to_dict()
     trajs = run_all(HFEngine(model.eval(), capacity=4), requests)
+    drop = functools.partial(without_placeholder, config=model.config)  # the image placeholder is never sampled
     for (ids, px), t in zip(prompts, trajs):
         with torch.no_grad():
-            ref = torch.log_softmax(model(input_ids=torch.tensor([ids]), pixel_values=px).logits[0, -1], -1)
-            blind = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)
+            ref = torch.log_softmax(drop(model(input_ids=torch.tensor([ids]), pixel_values=px).logits[0, -1]), -1)
+            blind = torch.log_softmax(drop(model(input_ids=torch.tensor([ids])).logits[0, -1]), -1)
         assert abs(t.logprobs[0] - ref[t.token_ids[0]].item()) <= 1e-5
-        assert (ref - blind).abs().max().item() > 1e-3
+        assert (ref - blind).nan_to_num(0.0).abs().max().item() > 1e-3  # -inf - -inf at the placeholder
 
 
 def test_sft_packs_image_examples_with_their_pixels_in_token_order_and_skips_bad_images(
@@ -250,6 +253,38 @@ def test_rl_learner_scores_image_trajectories_as_the_engine_did_across_pause_and
     assert [t.token_ids for t in trajs_a] == [t.token_ids for t in trajs_b]
     assert max(abs(x - y) for a_, b_ in zip(trajs_a, trajs_b) for x, y in zip(a_.logprobs, b_.logprobs)) <= 1e-6
     check(trajs_b)
+
+
+def test_the_image_placeholder_is_never_sampled_so_learner_forwards_never_see_a_stray_one(vlm, one_torch_thread):
+    """With the placeholder's logit pushed to +100 the engine still never samples it (engine and learner both mask
+    it), and the learner scores the image trajectories as the engine did; sampled, it would make the learner's
+    forward see more image tokens than images."""
+    from PIL import Image
+
+    from formats.chat_images import data_url, encode_chat
+    from posttrain.rl.engines import PolicyConfig, build_policy, load_processor
+    from posttrain.rl.learner import Learner
+    from posttrain.rollout.engine import run_all
+    from posttrain.rollout.engines.hf import HFEngine
+    from posttrain.rollout.types import Request, SamplingParams
+
+    policy = PolicyConfig(path=str(vlm[1]))
+    model, processor = build_policy(policy)[0], load_processor(policy)
+    tid = model.config.image_token_id
+    model.lm_head.register_forward_hook(
+        lambda m, i, out: out.index_add(-1, torch.tensor([tid]), torch.full_like(out[..., :1], 100.0))
+    )
+    buf = io.BytesIO()
+    Image.new("RGB", (30, 40), (200, 10, 90)).save(buf, format="PNG")
+    chat = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(buf.getvalue())}}]}]
+    ids, px = encode_chat(chat, processor)
+    trajs = run_all(
+        HFEngine(copy.deepcopy(model), capacity=2),
+        [Request(f"r{i}", ids, SamplingParams(4, seed=i), pixel_values=px) for i in range(2)],
+    )
+    assert all(t.n_tokens == 4 and tid not in t.token_ids for t in trajs)
+    got = Learner(model).logprobs(trajs)
+    assert (got - torch.tensor([t.logprobs for t in trajs])).abs().max() <= 1e-4
 
 
 def _save(state: dict, path: Path) -> Path:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from posttrain.rollout.engine import ExpertsRecorder, QueuedEngine, StepOutput
-from posttrain.rollout.sampling import draw, sampling_logprobs, token_logprobs_of, token_uniform
+from posttrain.rollout.sampling import draw, sampling_logprobs, token_logprobs_of, token_uniform, without_placeholder
 from posttrain.rollout.types import Request, Trajectory
 
 KV = list[tuple[Tensor, Tensor]]
@@ -67,7 +67,8 @@ def forward_kv(
         extra["pixel_values"] = pixel_values
     o = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, **extra)
     experts = rec.end() if rec is not None else None
-    return o.logits[:, -keep:] if keep else o.logits, [(layer.keys, layer.values) for layer in o.cache.layers], experts
+    logits = without_placeholder(o.logits[:, -keep:] if keep else o.logits, model.config)
+    return logits, [(layer.keys, layer.values) for layer in o.cache.layers], experts
 
 
 def left_pad(kvs: list[KV], new: int) -> tuple[KV, Tensor | None, list[int]]:
