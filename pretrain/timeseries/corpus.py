@@ -99,6 +99,9 @@ def _statsmodels() -> Iterator[tuple[str, np.ndarray]]:
         yield "statsmodels:co2", smd.co2.load_pandas().data["co2"].to_numpy(float)
         yield "statsmodels:sunspots", smd.sunspots.load_pandas().data["SUNACTIVITY"].to_numpy(float)
         yield "statsmodels:nile", smd.nile.load_pandas().data["volume"].to_numpy(float)
+        from statsmodels.datasets import elec_equip  # not re-exported by statsmodels.datasets
+
+        yield "statsmodels:elec_equip", elec_equip.load().data.iloc[:, 0].to_numpy(float)  # euro-area monthly index
         el = smd.elnino.load_pandas().data.drop(columns="YEAR").to_numpy(float)
         yield "statsmodels:elnino", el.reshape(-1)  # 61 years x 12 months, row-major = chronological
         macro = smd.macrodata.load_pandas().data
