@@ -45,7 +45,8 @@ class Prompt:
     prompt_ids: list[int]
     meta: dict[str, Any] = field(default_factory=dict)
     pixel_values: Any = field(default=None, compare=False, repr=False)
-    """A vision-language prompt's images, given to each of its requests (``Request.pixel_values``); not serialised."""
+    """A vision-language prompt's images, given to each of its requests (``Request.pixel_values``); the scheduler's
+    own group records drop them (a checkpoint never holds pixels)."""
 
 
 class PromptSource(Protocol):
@@ -201,7 +202,7 @@ def starved_message(reason: str, groups: int, seconds: float, rewards: dict[floa
 
 def _prompt_of(t: Trajectory) -> Prompt:
     meta = {k: v for k, v in t.request.meta.items() if k != "prompt_id"}
-    return Prompt(t.request.meta.get("prompt_id", t.group_id), list(t.prompt_ids), meta, t.request.pixel_values)
+    return Prompt(t.request.meta.get("prompt_id", t.group_id), list(t.prompt_ids), meta)
 
 
 class PartialRolloutScheduler:
@@ -344,11 +345,8 @@ class PartialRolloutScheduler:
             if self.params_fn is not None:
                 params = self.params_fn(prompt, j, params)
             meta = dict(prompt.meta, prompt_id=prompt.prompt_id)
-            px = prompt.pixel_values
-            reqs.append(
-                Request(f"{gid}-{j}", list(prompt.prompt_ids), params, group_id=gid, meta=meta, pixel_values=px)
-            )
-        self._groups[gid] = {"prompt": prompt, "done": {}}
+            reqs.append(Request(f"{gid}-{j}", list(prompt.prompt_ids), params, gid, meta, prompt.pixel_values))
+        self._groups[gid] = {"prompt": replace(prompt, pixel_values=None), "done": {}}  # images live on requests
         self.totals["groups_submitted"] += 1
         self.engine.submit(reqs)
 
@@ -438,10 +436,7 @@ class PartialRolloutScheduler:
             "next_group": self._next_group,
             "source": self.source.state_dict(),
             "groups": {
-                gid: {
-                    "prompt": asdict(replace(g["prompt"], pixel_values=None)),
-                    "done": [t.to_dict() for t in g["done"].values()],
-                }
+                gid: {"prompt": asdict(g["prompt"]), "done": [t.to_dict() for t in g["done"].values()]}
                 for gid, g in self._groups.items()
             },
             "paused": [t.to_dict() for t in self._paused],
@@ -450,8 +445,8 @@ class PartialRolloutScheduler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a ``state_dict``; a source with ``pixel_values(meta)`` (``TaskSource``) gives every restored prompt
-        and trajectory its images back, rebuilt from the task row (pixel values are never checkpointed)."""
+        """Restore a ``state_dict``; a source with ``pixel_values(meta)`` (``TaskSource``) gives every restored
+        trajectory its images back, rebuilt from the task row (pixel values are never checkpointed)."""
         if self.engine.n_active:
             raise RuntimeError("load_state_dict needs an empty engine")
         if self.engine.version != state["version"]:
@@ -470,8 +465,8 @@ class PartialRolloutScheduler:
 
         self._groups = {}
         for gid, g in state["groups"].items():
-            prompt = Prompt(**g["prompt"] | {"pixel_values": pixels(g["prompt"]["meta"])})
-            self._groups[gid] = {"prompt": prompt, "done": {t.request_id: t for t in map(restored, g["done"])}}
+            done = {t.request_id: t for t in map(restored, g["done"])}
+            self._groups[gid] = {"prompt": Prompt(**g["prompt"]), "done": done}
         self._paused = [restored(d) for d in state["paused"]]
         self._carry = [[restored(d) for d in g] for g in state.get("carry", [])]
         self._restarted = {t.request_id for t in self._paused if t.attempt > 0 and t.n_tokens == 0}
