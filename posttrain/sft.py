@@ -121,8 +121,8 @@ class Example:
 
     ids: list[int]
     labels: list[int]
-    pixel_values: Any = None
-    """The images of its image tokens, in order (a vision-language chat), or None."""
+    pixel_values: list[Any] = field(default_factory=list)
+    """The pixel values of its image tokens, in order (a vision-language chat)."""
 
 
 def ensure_chat_template(tokenizer: Any) -> Any:
@@ -190,8 +190,6 @@ def encode_chat(
     check_messages(messages)
     msgs, images = [_normalise(m) for m in messages], []
     if has_images({"messages": msgs}):
-        import torch
-
         if processor is None:
             raise ValueError("the row holds images and this is a text-only model (export it with --vlm)")
         msgs, images = resolve(msgs, base)
@@ -231,7 +229,7 @@ def encode_chat(
         if not full.startswith(done):
             raise BadRow(f"chat template is not prefix-consistent at message {i}")
         add(full[len(done) :], train=m["role"] == "assistant")
-    return Example(ids, labels, torch.cat(pixels) if pixels else None)
+    return Example(ids, labels, pixels)
 
 
 def encode_row(row: Any, tokenizer: Any, max_len: int, processor: Any = None, base: str = "") -> Example:
@@ -311,7 +309,7 @@ def pack(examples: Sequence[Example], seq_len: int) -> list[dict[str, list[Any]]
         cur["targets"] += shifted(ex)
         cur["position_ids"] += list(range(len(ex.ids)))
         cur["seq_ids"] += [k] * len(ex.ids)
-        cur["pixel_values"] += [ex.pixel_values] if ex.pixel_values is not None else []
+        cur["pixel_values"] += ex.pixel_values
     if cur["input_ids"]:
         rows.append(cur)
     for r in rows:  # pad to seq_len: padding is its own (masked) sample with no targets

@@ -31,6 +31,7 @@ from typing import Any
 
 from formats import fs
 from formats.chat import TURN_END
+from formats.chat_images import BadImage, encode_chat, has_images
 from posttrain.rollout.scheduler import Prompt
 from posttrain.rollout.types import FINISH_STOP, Trajectory
 
@@ -160,14 +161,10 @@ def write_smol_data(out: str | Path, n_train: int = 256, n_test: int = 64) -> li
     return paths
 
 
-def encode_prompt(
-    row: dict[str, Any], tokenizer: Any, processor: Any = None, base: str | None = None
-) -> tuple[list[int], Any]:
+def encode_prompt(row: dict, tokenizer: Any, processor: Any = None, base: str | None = None) -> tuple[list[int], Any]:
     """(prompt ids, pixel values or None): a row with image parts through a vision-language model's ``processor``
     (``formats.chat_images``; relative image paths from ``base``), raising ``BadImage`` with its reason when an
     image fails and ``ValueError`` when there is no processor; any other row through :func:`prompt_ids`."""
-    from formats.chat_images import encode_chat, has_images
-
     if not has_images(row):
         return prompt_ids(row, tokenizer), None
     if processor is None:
@@ -274,11 +271,8 @@ class TaskSource:
     decoded once here, up front, and left out (``skipped``: row id → ``BadImage`` reason), never a crash."""
 
     def __init__(self, task: JsonlTask, tokenizer: Any, seed: int = 0, processor: Any = None) -> None:
-        from formats.chat_images import BadImage, has_images
-
         self.task, self.tokenizer, self.processor = task, tokenizer, processor
-        self.seed = seed
-        self.cursor = 0
+        self.seed, self.cursor = seed, 0
         self._by_id = {str(r["id"]): r for r in task.rows}
         self.skipped: dict[str, str] = {}
         for r in filter(has_images, task.rows):

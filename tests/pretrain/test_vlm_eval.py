@@ -174,7 +174,7 @@ def test_sft_packs_image_examples_with_their_pixels_in_token_order_and_skips_bad
     assert [s["reason"].split(":")[0] for s in skipped] == ["missing_file", "unreadable"] and len(examples) == 2
     config = json.loads((model_dir / "config.json").read_text())
     for ex, r in zip(examples, two):  # one image, expanded to its tokens, context only; the answer letter is trained
-        assert ex.pixel_values.shape[0] == 1 and ex.ids.count(config["image_token_index"]) == config["image_seq_length"]
+        assert len(ex.pixel_values) == 1 and ex.ids.count(config["image_token_index"]) == config["image_seq_length"]
         assert all(lab == IGNORE for t, lab in zip(ex.ids, ex.labels) if t == config["image_token_index"])
         assert tok.decode([t for t in ex.labels if t != IGNORE]).startswith(r["answer"])
 
@@ -187,7 +187,7 @@ def test_sft_packs_image_examples_with_their_pixels_in_token_order_and_skips_bad
     start = 0
     for ex in examples:
         with torch.no_grad():
-            alone = model(input_ids=torch.tensor([ex.ids]), pixel_values=ex.pixel_values).logits[0]
+            alone = model(input_ids=torch.tensor([ex.ids]), pixel_values=ex.pixel_values[0]).logits[0]
         end = start + len(ex.ids)
         assert (packed[0, start:end] - alone).abs().max() <= 1e-5
         assert (swapped[0, start:end] - alone).abs().max() > 1e-3
