@@ -78,6 +78,8 @@ class FitConfig:
     """Share of windows that are a TSMixup of 2–3 series (Chronos §4.1)."""
     synth: float = 0.0
     """Share of windows drawn from the KernelSynth series (sources named ``kernelsynth:…``)."""
+    group_power: float = 0.5
+    """A real source group is drawn with weight (its points) ** ``group_power``: 0.5 = square root, 0 = uniform."""
     seed: int = 0
     threads: int = 1
     log_every: int = 50
@@ -301,7 +303,7 @@ class Windows:
         self.groups = list(groups.values())
         # a source group's weight grows with the square root of its points: big archives count more, one short
         # series (ShampooSales, 36 points) is not drawn as often as 200 accelerometer recordings
-        w = np.array([math.sqrt(sum(self.series[j].size for j in g)) for g in self.groups])
+        w = np.array([float(sum(self.series[j].size for j in g)) ** fcfg.group_power for g in self.groups])
         self.group_p = w / w.sum() if len(w) else w
         if not self.groups and not self.synth:
             raise ValueError(f"no series longer than min_context={fcfg.min_context}")
@@ -424,6 +426,7 @@ def pretrain_default(
     init: str | None = None,
     lr: float = 1e-3,
     synth: float = 0.3,
+    group_power: float = 0.5,
 ) -> dict[str, Any]:
     """The recipe of the shipped weights: KernelSynth ``synth`` (30 %), TSMixup 20 %, the rest real series (source
     groups weighted by the square root of their points) minus the validation tails (``VALIDATION``), batch 96, lr
@@ -436,7 +439,7 @@ def pretrain_default(
     torch.manual_seed(seed)
     model = load(init).train() if init else PatchForecaster(PatchConfig())
     fcfg = FitConfig(minutes=minutes, batch=96, lr=lr, warmup=200, mixup=0.2, synth=synth, seed=seed,
-                     threads=threads, log_every=100)  # fmt: skip
+                     group_power=group_power, threads=threads, log_every=100)  # fmt: skip
     meta = {"corpus": corpus, "fit": dataclasses.asdict(fcfg), "series": len(series), "init": init,
             "validation_tails_held_out": True}  # fmt: skip
     if init:
@@ -459,6 +462,7 @@ def main() -> int:
     ap.add_argument("--init", default=None, help="continue from this weights file instead of from scratch")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (cosine to a tenth of it)")
     ap.add_argument("--synth", type=float, default=0.3, help="share of KernelSynth windows")
+    ap.add_argument("--group-power", type=float, default=0.5, help="source group weight = points ** this")
     ap.add_argument("--validate", default=None, metavar="WEIGHTS",
                     help="only score WEIGHTS on the held-out training-source tails (VALIDATION) and exit")  # fmt: skip
     args = ap.parse_args()
@@ -467,7 +471,7 @@ def main() -> int:
         print(json.dumps(validate(load(args.validate), args.corpus)))
         return 0
     meta = pretrain_default(args.corpus, args.out, args.minutes, args.seed, args.threads, args.init, args.lr,
-                            args.synth)  # fmt: skip
+                            args.synth, args.group_power)  # fmt: skip
     print(json.dumps(meta | {"validation": validate(load(args.out), args.corpus)}))
     return 0
 
