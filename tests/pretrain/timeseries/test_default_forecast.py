@@ -159,3 +159,23 @@ def test_ambiguous_day_month_dates_take_the_regular_reading():
 
     days = pd.Series([d.strftime("%d/%m/%Y") for d in pd.date_range("2021-01-01", periods=14, freq="MS")])
     assert parse_times(days, "x.csv").tolist() == list(pd.date_range("2021-01-01", periods=14, freq="MS"))
+
+
+def test_validation_tails_are_cut_from_training_and_never_reserved():
+    # every validation set is a training source (never pmdarima / vega-datasets) and its scored tail is removed from
+    # the series the pre-training sees
+    from pretrain.timeseries.corpus import RESERVED
+
+    sources, series = [], []
+    for _, key, h, season, n_win in pretrained.VALIDATION:
+        assert not any(r in key for r in RESERVED)
+        sources.append(key + ("x" if key.endswith(":") else ""))
+        series.append(np.arange(n_win * h + 2 * max(season, h) + 10, dtype=float))
+    sources.append("aeon:Lynx/Lynx.csv:0")
+    series.append(np.arange(50, dtype=float))
+    train, tasks = pretrained.split_validation(series, sources)
+    assert len(tasks) == len(pretrained.VALIDATION)
+    for (_, h, _, hists, acts), s, kept in zip(tasks, series, train):
+        assert all(a.size == h for a in acts) and acts[-1][-1] == s[-1]
+        assert kept.size == hists[0].size and kept[-1] < acts[0][0]  # the scored points are not in training
+    assert train[-1].size == 50
