@@ -20,6 +20,7 @@ import torch
 
 from posttrain.agentic.gateway import Gateway, GatewayConfig, load_model_gateway
 from posttrain.agentic.images import MARKER
+from posttrain.rollout.sampling import without_placeholder
 from tests.posttrain.agentic.test_gateway_sdk import clients
 
 
@@ -115,12 +116,13 @@ def test_images_reach_the_engine_keyed_by_content_hash(vlm_dir, tmp_path):
     assert h_red != h_blue
     assert store.calls[c_red2]["meta"]["images"] == [h_red, h_blue]
 
-    # each first-token logprob is the model's own given that call's images: the pixels reached the prefill
+    # each first-token logprob is the model's own given that call's images (placeholder masked as the engine
+    # samples): the pixels reached the prefill
     for cid in (c_red, c_blue, c_red2):
         traj = gw.driver.finished[store.calls[cid]["meta"]["request_id"]]
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([traj.prompt_ids]), pixel_values=traj.request.pixel_values).logits
-        ref = torch.log_softmax(logits[0, -1].float(), -1)[traj.token_ids[0]].item()
+        ref = torch.log_softmax(without_placeholder(logits[0, -1].float(), model.config), -1)[traj.token_ids[0]].item()
         assert abs(traj.logprobs[0] - ref) <= 1e-5
     first = [gw.driver.finished[store.calls[c]["meta"]["request_id"]] for c in (c_red, c_blue)]
     assert first[0].request.pixel_values.shape[0] == 1 and not torch.equal(*(t.request.pixel_values for t in first))
