@@ -1,4 +1,5 @@
-"""A verifiable multimodal task from a corpus build: "which caption belongs to this figure?" (issue 37, item 3).
+"""A verifiable multimodal task from a corpus build: "which caption belongs to this figure?" and "which expression
+does this equation show?" (issue 37, item 3).
 
     scifolio posttrain tasks figures --shards out/ --out tasks/figures            # DIR/train.jsonl, DIR/test.jsonl
     scifolio eval --model VLM --task jsonl --data tasks/figures/test.jsonl --n 4 --k 1,4 --out fig.json
@@ -9,6 +10,10 @@ holding a PNG data URL (rows are self-contained: a jsonl copied or read from ``g
 it), then the question with ``choices`` captions, lettered A, B, ...; the answer is the letter (``--verifier
 exact``). Distractors are other crops' captions, of the same kind and the same split first (then any kind in the
 split, then the whole corpus; rows that needed the corpus are counted), drawn and shuffled with a fixed seed.
+A display equation whose text the build kept (``ShardImage.text``: the backend's LaTeX, or the glyphs of the PDF's
+text layer, or OCR; the row's ``text_from`` says which) gets the same question about its expression, with other
+equations' texts as the distractors (same split first, then the corpus; never a figure caption, which would give the
+answer away; a row that cannot fill its options is skipped as ``too_few_options``).
 ``train.jsonl`` and ``test.jsonl`` hold disjoint documents (a seeded shuffle of the documents with a caption).
 
 How a caption is found: shards keep captions as text (``pipelines.assembly.interleave``), not linked to their
@@ -17,9 +22,10 @@ of the previous chunk: the repeated text and images are matched and dropped), sp
 caption is the paragraph right after it (a table's: right before it first) when that paragraph starts with a label
 of the crop's kind ("Figure 3", "Fig. 2", "Scheme 1"; "Table 4"). Everything else is skipped and counted with its
 reason: ``no_caption``, ``caption_too_long``, ``caption_taken`` (the paragraph is already another crop's caption),
-``equation_text_not_in_shards`` (a cropped equation's text is replaced by its image in the shards, so there is no
-known text to ask about), ``kind_missing_png`` (a segment names an image its row lacks), ``too_few_captions``
-(fewer than ``choices`` distinct captions in the corpus). Documents stream one at a time; the captioned crops
+``equation_text_unknown`` (no text was read for it, or a shard older than schema 4), ``equation_text_too_short``
+(under ``min_equation_chars``: "x = 1" asks little), ``equation_text_taken`` (the document already asks about the
+same text), ``kind_missing_png`` (a segment names an image its row lacks), ``kind_not_asked`` (a kind left out of
+``kinds``), ``too_few_captions`` (fewer than ``choices`` distinct texts in the corpus). Documents stream one at a time; the captioned crops
 (their PNGs included) are held until the rows are written.
 """
 
@@ -40,6 +46,7 @@ from formats.shards import ChunkRow, ShardFile, list_shards
 LETTERS = "ABCDEFGHIJ"
 _PARAGRAPH = re.compile(r"\n\s*\n")
 _IMAGE = re.compile(r"^\x00(\w+)\x00$")
+_EQUATION_NUMBER = re.compile(r"\s*\(\s*\d+[a-z]?\s*\)$")
 LABELS = {
     "figure": re.compile(r"^(fig(ure)?s?\.?|scheme|chart|plate|graph)\s*[a-z]?\d+", re.IGNORECASE),
     "table": re.compile(r"^tab(le)?s?\.?\s*[a-z]?\d+", re.IGNORECASE),
@@ -56,16 +63,24 @@ class FigureTaskConfig:
     choices: int = 4
     """Options per question (the answer and ``choices - 1`` distractors)."""
     max_caption_chars: int = 600
-    """Longer captions are skipped (``caption_too_long``)."""
+    """Longer captions (and equation texts) are skipped (``caption_too_long``)."""
+    min_equation_chars: int = 8
+    """Equation texts shorter than this (spaces left out) are skipped (``equation_text_too_short``)."""
+    kinds: tuple[str, ...] = ("figure", "table", "equation")
+    """The crop kinds asked about; others are skipped as ``kind_not_asked``."""
 
 
 @dataclass(frozen=True)
 class CaptionedCrop:
+    """A crop and the text that belongs to it: a figure's or table's caption, an equation's expression."""
+
     doc_id: str
     sha256: str
     kind: str
     png: bytes
     caption: str
+    text_from: str = ""
+    """For an equation, where its text came from (``latex``, ``backend``, ``text-layer-math``, ``ocr``)."""
 
 
 def stitch(chunks: Sequence[ChunkRow], overlap: int) -> str:
@@ -131,8 +146,18 @@ def captioned_crops(out: str, cfg: FigureTaskConfig = FigureTaskConfig()) -> tup
                 continue
             doc_seen.add(sha := m.group(1))
             kind = images[sha].kind if sha in images else "missing_png"
+            if kind in ("figure", "table", "equation") and kind not in cfg.kinds:
+                skipped["kind_not_asked"] += 1
+                continue
+            if kind == "equation":
+                crop, reason = _equation(doc_id, images[sha], doc_taken, cfg)
+                if crop is None:
+                    skipped[reason] += 1
+                else:
+                    crops.append(crop)
+                continue
             if kind not in LABELS:
-                skipped["equation_text_not_in_shards" if kind == "equation" else f"kind_{kind or 'unknown'}"] += 1
+                skipped[f"kind_{kind or 'unknown'}"] += 1
                 continue
             order = (i - 1, i + 1) if kind == "table" else (i + 1, i - 1)
             near = [paras[j] for j in order if 0 <= j < len(paras) and not _IMAGE.match(paras[j])]
@@ -149,6 +174,21 @@ def captioned_crops(out: str, cfg: FigureTaskConfig = FigureTaskConfig()) -> tup
     return crops, skipped
 
 
+def _equation(doc_id: str, image: Any, doc_taken: set[str], cfg: FigureTaskConfig) -> tuple[CaptionedCrop | None, str]:
+    """An equation crop with its known text, or (None, why not); a text asked about is added to ``doc_taken``."""
+    text = _EQUATION_NUMBER.sub("", " ".join((image.text or "").split()))  # "(3)" would answer by number alone
+    if not text:
+        return None, "equation_text_unknown"
+    if len(text.replace(" ", "")) < cfg.min_equation_chars:
+        return None, "equation_text_too_short"
+    if len(text) > cfg.max_caption_chars:
+        return None, "caption_too_long"
+    if text in doc_taken:
+        return None, "equation_text_taken"
+    doc_taken.add(text)
+    return CaptionedCrop(doc_id, image.sha256, "equation", image.png, text, image.text_from), ""
+
+
 def split_documents(doc_ids: Iterable[str], cfg: FigureTaskConfig) -> tuple[set[str], set[str]]:
     """(train, test) document ids: a seeded shuffle, ``test_fraction`` of them (at least one of two or more) to test."""
     docs = sorted(set(doc_ids))
@@ -158,13 +198,15 @@ def split_documents(doc_ids: Iterable[str], cfg: FigureTaskConfig) -> tuple[set[
 
 
 def question_row(crop: CaptionedCrop, distractors: Sequence[str], seed: int) -> dict[str, Any]:
-    """One multiple-choice row: the crop as a data URL, the captions lettered in a seeded order, the letter as answer."""
+    """One multiple-choice row: the crop as a data URL, the captions (or expressions) lettered in a seeded order, the
+    letter as answer."""
     options = [crop.caption, *distractors]
     random.Random(f"{seed}:{crop.doc_id}:{crop.sha256}").shuffle(options)
     listed = "\n".join(f"{LETTERS[i]}) {c}" for i, c in enumerate(options))
-    question = f"Which caption belongs to this {crop.kind}?\n{listed}\nAnswer with the letter only."
+    ask = "Which expression does this equation show?" if crop.kind == "equation" else f"Which caption belongs to this {crop.kind}?"  # fmt: skip
+    question = f"{ask}\n{listed}\nAnswer with the letter only."
     content = [{"type": "image_url", "image_url": {"url": data_url(crop.png)}}, {"type": "text", "text": question}]
-    return {
+    row = {
         "id": f"{crop.doc_id[:16]}-{crop.sha256[:16]}",
         "messages": [{"role": "user", "content": content}],
         "answer": LETTERS[options.index(crop.caption)],
@@ -172,12 +214,14 @@ def question_row(crop: CaptionedCrop, distractors: Sequence[str], seed: int) -> 
         "doc_id": crop.doc_id,
         "image_sha256": crop.sha256,
     }
+    return row | ({"text_from": crop.text_from} if crop.kind == "equation" else {})
 
 
 def build_rows(
     crops: Sequence[CaptionedCrop], cfg: FigureTaskConfig = FigureTaskConfig()
 ) -> tuple[dict[str, list[dict[str, Any]]], Counter]:
-    """``{"train": rows, "test": rows}`` from captioned crops, and counts (skips, cross-split distractors)."""
+    """``{"train": rows, "test": rows}`` from captioned crops, and counts (skips, cross-split distractors). An
+    equation's distractors are other equations' texts only."""
     if not 2 <= cfg.choices <= len(LETTERS):
         raise ValueError(f"choices must be in 2..{len(LETTERS)}, got {cfg.choices}")
     counts = Counter()
@@ -189,10 +233,11 @@ def build_rows(
     out: dict[str, list[dict[str, Any]]] = {"train": [], "test": []}
     for crop in crops:
         split = split_of[crop.doc_id]
+        same_kind = crop.kind == "equation"
         pools = (
             [c for c in crops if split_of[c.doc_id] == split and c.kind == crop.kind],
-            [c for c in crops if split_of[c.doc_id] == split],
-            list(crops),
+            [c for c in crops if split_of[c.doc_id] == split and (c.kind == "equation") == same_kind],
+            [c for c in crops if (c.kind == "equation") == same_kind],
         )
         rng = random.Random(f"{cfg.seed}:distractors:{crop.doc_id}:{crop.sha256}")
         picked: list[str] = []
@@ -202,6 +247,9 @@ def build_rows(
             if len(picked) == cfg.choices - 1:
                 counts["distractors_from_other_split"] += level == 2
                 break
+        else:
+            counts["too_few_options"] += 1
+            continue
         out[split].append(question_row(crop, picked, cfg.seed))
     return out, counts
 
@@ -222,9 +270,14 @@ def write_figure_task(shards: str, out: str, cfg: FigureTaskConfig = FigureTaskC
         "documents": {s: len({r["doc_id"] for r in rows[s]}) for s in rows},
         "kinds": dict(Counter(r["kind"] for s in rows.values() for r in s)),
         "crops_captioned": len(crops),
-        "skipped": dict(skipped + Counter({"too_few_captions": counts["too_few_captions"]})),
+        "skipped": dict(skipped + Counter({k: counts[k] for k in ("too_few_captions", "too_few_options")})),
         "distractors_from_other_split": counts["distractors_from_other_split"],
-        "config": {"seed": cfg.seed, "test_fraction": cfg.test_fraction, "choices": cfg.choices},
+        "config": {
+            "seed": cfg.seed,
+            "test_fraction": cfg.test_fraction,
+            "choices": cfg.choices,
+            "kinds": list(cfg.kinds),
+        },
     }
     fs.write_text(fs.join(out, "summary.json"), json.dumps(summary, indent=2))
     return summary

@@ -44,6 +44,11 @@ def _shard(tmp_path, rows):
 def test_captions_by_label_beside_their_crop_and_skips_with_reasons(tmp_path) -> None:
     im = {k: ShardImage(k, f"png-{k}".encode(), 10, 10, kind) for k, kind in
           [("f1", "figure"), ("t1", "table"), ("e1", "equation"), ("f2", "figure"), ("f3", "figure")]}  # fmt: skip
+    im |= {  # equations with their known text (schema 4): asked about when long enough, once per text
+        "e2": ShardImage("e2", b"png-e2", 10, 10, "equation", text="E = \\frac{1}{2} m v^2 (2)", text_from="latex"),
+        "e3": ShardImage("e3", b"png-e3", 10, 10, "equation", text="x = 1", text_from="ocr"),
+        "e4": ShardImage("e4", b"png-e4", 10, 10, "equation", text="E  =  \\frac{1}{2} m v^2", text_from="ocr"),
+    }
     row = ChunkRow(
         "a" * 64,
         0,
@@ -58,6 +63,9 @@ def test_captions_by_label_beside_their_crop_and_skips_with_reasons(tmp_path) ->
             _img("f3"),
             _text("Fig. 3 Spectrum."),
             _img("f1"),
+            _img("e2"),
+            _img("e3"),
+            _img("e4"),
         ),  # fmt: skip
         images=tuple(im.values()),
     )
@@ -66,9 +74,37 @@ def test_captions_by_label_beside_their_crop_and_skips_with_reasons(tmp_path) ->
         ("f1", "figure", "Figure 1: Growth of the film."),
         ("t1", "table", "Table 1: Lattice constants."),  # a table's caption above it
         ("f3", "figure", "Fig. 3 Spectrum."),
+        ("e2", "equation", "E = \\frac{1}{2} m v^2"),  # its number "(2)" left out
     ]
-    assert crops[0].png == b"png-f1"
-    assert skipped == {"equation_text_not_in_shards": 1, "no_caption": 1}
+    assert crops[0].png == b"png-f1" and crops[-1].text_from == "latex"
+    assert skipped == {
+        "equation_text_unknown": 1,
+        "equation_text_too_short": 1,
+        "equation_text_taken": 1,  # e4: e2's text with other spacing
+        "no_caption": 1,
+    }
+    crops, skipped = captioned_crops(str(tmp_path), FigureTaskConfig(kinds=("equation",)))
+    assert [c.sha256 for c in crops] == ["e2"] and skipped["kind_not_asked"] == 4
+
+
+def test_equation_rows_ask_for_the_expression_among_other_equations_only() -> None:
+    figures = [CaptionedCrop(f"doc{d}", f"f{d}", "figure", b"\x89PNG", f"Figure 1: thing {d}.") for d in range(4)]
+    eqs = [
+        CaptionedCrop(f"doc{d}", f"e{d}", "equation", b"\x89PNG", f"a_{d} = b^{d} + c", "text-layer-math") for d in range(4)
+    ]  # fmt: skip
+    rows, counts = build_rows(figures + eqs, FigureTaskConfig(seed=1, test_fraction=0.5, choices=3))
+    got = [r for s in rows.values() for r in s if r["kind"] == "equation"]
+    assert len(got) == 4 and counts["too_few_options"] == 0
+    for r in got:
+        text = r["messages"][0]["content"][1]["text"]
+        assert text.startswith("Which expression does this equation show?")
+        options = [line[3:] for line in text.splitlines() if line[:3] in ("A) ", "B) ", "C) ")]
+        assert all(o.startswith("a_") for o in options)  # never a figure caption
+        assert options["ABC".index(r["answer"])] == f"a_{r['image_sha256'][1]} = b^{r['image_sha256'][1]} + c"
+        assert r["text_from"] == "text-layer-math"
+    # two equations in the corpus cannot fill 3 options: skipped and counted, the figures still asked
+    rows, counts = build_rows(figures + eqs[:2], FigureTaskConfig(seed=1, test_fraction=0.5, choices=3))
+    assert counts["too_few_options"] == 2 and sum(len(r) for r in rows.values()) == 4
 
 
 def test_rows_split_by_document_answer_names_the_true_caption() -> None:

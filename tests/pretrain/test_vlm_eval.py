@@ -95,8 +95,13 @@ def test_figure_task_from_a_build_evaluates_on_the_exported_vlm(vlm, figures, te
     for r in rows["train"] + rows["test"]:  # the answer's option is a caption labelled as the crop's kind
         text = r["messages"][0]["content"][1]["text"]
         picked = next(x for x in text.splitlines() if x.startswith(r["answer"] + ") "))[3:]
-        assert picked.startswith("Figure" if r["kind"] == "figure" else "Table"), (r["kind"], picked)
-    assert summary["skipped"].get("equation_text_not_in_shards", 0) >= 1  # synthetic pages carry display equations
+        if r["kind"] == "equation":  # ... or the equation's text as the build kept it
+            assert r["text_from"] in ("latex", "backend", "text-layer-math", "ocr") and picked, r
+        else:
+            assert picked.startswith("Figure" if r["kind"] == "figure" else "Table"), (r["kind"], picked)
+    # synthetic pages carry display equations: asked about where their text was kept, else skipped with a reason
+    equations = summary["kinds"].get("equation", 0) + summary["skipped"].get("too_few_options", 0)
+    assert equations + sum(v for k, v in summary["skipped"].items() if k.startswith("equation_")) >= 1
 
     # eval on the test split, plus two rows whose images are broken: skipped with their reasons, never a crash
     test = _write(tmp_path / "test_plus_broken.jsonl", [*rows["test"], *_broken(rows["test"][0])])
