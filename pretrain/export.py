@@ -297,6 +297,12 @@ def load_vision_heads(model_dir: str | Path) -> tuple[nn.Linear, nn.Sequential, 
     return w_in, psi, meta
 
 
+def default_format(run: str | Path, backbone: str | None = None) -> str:
+    """What ``pretrain export`` writes without ``--vlm``/``--text-only``: ``vlm`` for a run that trained with a
+    vision encoder, ``text`` for one that did not (there is no tower to export)."""
+    return "vlm" if _run_config(Path(run), backbone)["model"].get("encoder") else "text"
+
+
 def _run_config(run: Path, backbone: str | None) -> dict[str, Any]:
     path = run / "config.json"
     if path.exists():

@@ -30,7 +30,7 @@ def test_whole_lifecycle_through_the_cli(tmp_path: Path) -> None:
         "pretrain", "--config", "debug", "--shards", str(out), "--models", str(tiny), "--out", str(run),
         "--max-steps", "2", "--save-every", "1", "--set", "tensorboard=False",
     )  # fmt: skip
-    said = scifolio("pretrain", "export", str(run), "--out", str(base))
+    said = scifolio("pretrain", "export", str(run), "--out", str(base), "--text-only")
     assert "step 2 (step2, ZeRO-2, 1 rank(s))" in said
 
     chats = write_jsonl(tmp_path / "chats.jsonl", chat_rows(8))

@@ -3,7 +3,8 @@
     scifolio pretrain --config debug --shards out --models tiny --max-steps 50
     scifolio pretrain --config debug --shards out --nproc 2            # world size 2 (CPU: gloo)
     scifolio pretrain --config small --shards gs://bucket/shards --hostfile infra/deepspeed/hostfile
-    scifolio pretrain export runs/pretrain --out models/base       # latest complete checkpoint → HF model dir
+    scifolio pretrain export runs/pretrain --out models/vlm        # latest complete checkpoint → HF VLM dir
+    scifolio pretrain export runs/pretrain --out models/base --text-only   # ... or a text causal LM
 
 On a machine without a GPU the ranks run on CPU (``DS_ACCELERATOR=cpu``, gloo). Ranks rendezvous over TCP at
 127.0.0.1 (multi-node: the hostfile's first host); c10d's store listens on every interface, so on a shared host
@@ -41,33 +42,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a run's latest complete checkpoint (any ZeRO stage, any world size) → Hugging Face model dir",
         description="Consolidate RUN/ckpt (ZeRO partitions of every rank merged) into MODEL: safetensors, "
         "config.json, tokenizer + chat template, generation_config.json, and vision_heads.safetensors/.json "
-        "(W_in and the patch head ψ; pretrain.export.load_vision_heads). A run in progress exports its latest "
-        "complete checkpoint; the step is printed and recorded in MODEL/export.json.",
+        "(W_in and the patch head ψ; pretrain.export.load_vision_heads). A run that trained with a vision encoder "
+        "exports as a LLaVA-style vision-language model by default (--text-only for a text causal LM). A run in "
+        "progress exports its latest complete checkpoint; the step and the format are printed and the step "
+        "recorded in MODEL/export.json.",
     )
     ex.add_argument("run", help="pre-training output directory (`scifolio pretrain --out`)")
     ex.add_argument("--out", required=True, help="model directory to write")
     ex.add_argument("--backbone", default=None, help="backbone config/tokenizer path (default: RUN/config.json's)")
-    ex.add_argument(
+    fmt = ex.add_mutually_exclusive_group()
+    fmt.add_argument(
         "--vlm",
         action="store_true",
-        help="write a LLaVA-style vision-language model instead (AutoModelForImageTextToText + AutoProcessor: the "
-        "backbone, the run's CLIP tower, W_in as the projector; chat messages take {'type': 'image'} parts). "
-        "Post-training stages load the default text export only.",
+        help="a LLaVA-style vision-language model (AutoModelForImageTextToText + AutoProcessor: the backbone, the "
+        "run's CLIP tower, W_in as the projector; chat messages take {'type': 'image'} parts); the default for a "
+        "run with a vision encoder, an error for one without",
+    )
+    fmt.add_argument(
+        "--text-only",
+        action="store_true",
+        help="a text causal LM (AutoModelForCausalLM) with vision_heads.* beside it (the pre-vision-language "
+        "export): the default for a run without a vision encoder",
     )
     ex.set_defaults(func=run_export)
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from pretrain.export import export, export_vlm
+    from pretrain.export import default_format, export, export_vlm
     from pretrain.train import prepare_env
 
     prepare_env()
     try:
-        ck = (export_vlm if args.vlm else export)(args.run, args.out, backbone=args.backbone)
+        vlm = args.vlm or (not args.text_only and default_format(args.run, args.backbone) == "vlm")
+        ck = (export_vlm if vlm else export)(args.run, args.out, backbone=args.backbone)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"exported {args.run} step {ck.step} ({ck.tag}, ZeRO-{ck.zero_stage}, {ck.world_size} rank(s)) → {args.out}")
+    kind = "vision-language model" if vlm else "text-only model"
+    print(
+        f"exported {args.run} step {ck.step} ({ck.tag}, ZeRO-{ck.zero_stage}, {ck.world_size} rank(s)) → {args.out} "
+        f"as a {kind}"
+    )
     return 0
 
 

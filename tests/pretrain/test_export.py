@@ -61,7 +61,7 @@ def _train(corpus: Path, models: Path, out: Path, stage: int, ranks: int) -> Non
 def _export(run: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> str:
     from pipelines.cli import main
 
-    assert main(["pretrain", "export", str(run), "--out", str(out)]) == 0
+    assert main(["pretrain", "export", str(run), "--out", str(out), "--text-only"]) == 0
     return capsys.readouterr().out
 
 
@@ -213,7 +213,7 @@ def test_vlm_export_loads_as_an_image_text_model_with_the_pretraining_logits(run
     from pretrain.model import VisualPretrainModel
 
     run, model_dir = runs(2, 1), tmp_path / "vlm"
-    assert main(["pretrain", "export", str(run), "--out", str(model_dir), "--vlm"]) == 0
+    assert main(["pretrain", "export", str(run), "--out", str(model_dir)]) == 0  # a run with a tower: VLM by default
     cfg = json.loads((run / "config.json").read_text())
     crop = cfg["data"]["crop_size"]
 
@@ -255,3 +255,12 @@ def test_vlm_export_loads_as_an_image_text_model_with_the_pretraining_logits(run
         torch.tensor([[0, start, n]]),
     )
     assert (exported[..., :vocab] - ours).abs().max().item() <= 1e-5
+
+
+def test_default_format_follows_the_runs_encoder(tmp_path) -> None:
+    """``pretrain export`` without a flag writes a VLM for a run that trained with a tower, a text LM otherwise."""
+    from pretrain.export import default_format
+
+    for encoder, want in (("tiny/encoder", "vlm"), (None, "text")):
+        (tmp_path / "config.json").write_text(json.dumps({"model": {"backbone": "b", "encoder": encoder}}))
+        assert default_format(tmp_path) == want

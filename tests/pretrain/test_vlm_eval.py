@@ -60,7 +60,7 @@ def text_only(vlm, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     out = tmp_path_factory.mktemp("text-only") / "model"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["pretrain", "export", str(vlm[0]), "--out", str(out)]) == 0
+        assert main(["pretrain", "export", str(vlm[0]), "--out", str(out), "--text-only"]) == 0
     return out
 
 
