@@ -14,6 +14,7 @@ checkpoint and a resume trims rows newer than it, so a kill -9 anywhere loses no
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from formats import fs
 from formats.chat_images import has_images
 from formats.rundir import RunDir
 from posttrain.fit import FitConfig, fit, masked_ce, progress_bar
@@ -60,7 +62,9 @@ def task_source(cfg: RLConfig, tokenizer: Any) -> TaskSource:
     source = TaskSource(task, tokenizer, seed=cfg.seed, processor=processor)
     if source.skipped:
         reasons = Counter(r.split(":")[0] for r in source.skipped.values())
-        print(f"posttrain rl: {len(source.rows)} task rows kept, skipped {dict(reasons)}", flush=True)
+        print(
+            f"posttrain rl: {len(source.rows)} task rows kept, skipped {dict(reasons)} (see skipped.jsonl)", flush=True
+        )
     return source
 
 
@@ -112,6 +116,9 @@ class Stage:
     engine: Any
     processor: Any = None
     """A vision-language policy's processor: saved with the policy in place of the bare tokenizer."""
+    skipped: tuple[dict[str, Any], ...] = ()
+    """Input rows the stage left out before training, each ``{"id", "reason"}`` (a task row whose image fails):
+    the driver writes them to ``out/skipped.jsonl``, as ``posttrain sft`` does."""
 
     def config(self) -> dict[str, Any]:
         return dataclasses.asdict(self.cfg)
@@ -168,6 +175,7 @@ def run_stage(
             stage.load_state_dict(state["stage"])
             run_dir.trim(start)
         run_dir.write_config(stage.config())
+        fs.write_text(run_dir.path / "skipped.jsonl", "".join(json.dumps(s) + "\n" for s in stage.skipped))
         if not resume and (warm := warm_up(stage)) is not None:
             run_dir.log({"step": 0, **warm})
         bar = progress_bar(stage.steps, progress, initial=start, desc=stage.name, unit="step")
@@ -227,6 +235,7 @@ class RLStage(Stage):
         model, self.tokenizer = build_policy(cfg.policy)  # fp32 master weights; the engine holds a copy in policy.dtype
         source = task_source(cfg, self.tokenizer)
         self.processor = source.processor
+        self.skipped = tuple({"id": i, "reason": r} for i, r in source.skipped.items())
         self.learner = Learner(
             model, cfg.learner, cfg.sampling.temperature, cfg.sampling.top_p, total_versions=cfg.steps
         )

@@ -326,6 +326,9 @@ def test_sft_then_rl_then_eval_on_the_figure_task(vlm, figures, text_only, tmp_p
             "--set", "learner.n_minibatches=2", "--no-progress"]  # fmt: skip
     assert main(args) == 0
     assert "skipped {'missing_file': 1}" in capsys.readouterr().out
+    assert [json.loads(x)["reason"].split(":")[0] for x in (rl / "skipped.jsonl").read_text().splitlines()] == [
+        "missing_file"
+    ]
     steps = [json.loads(x) for x in (rl / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps] == [1, 2] and all(r["trained_tokens"] > 0 for r in steps)
     # trainer and engine agree on every token seen at the same weights, the resumed partial ones included
