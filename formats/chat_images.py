@@ -1,7 +1,7 @@
 """Image parts of chat messages: OpenAI-style content parts → PIL images, checked, with a reason when they fail.
 
     from formats.chat_images import BadImage, encode_chat, has_images
-    ids, pixel_values = encode_chat(row["messages"], processor, base_dir="data/")  # raises BadImage(reason)
+    ids, pixel_values, images = encode_chat(row["messages"], processor, base_dir="data/")  # raises BadImage(reason)
 
 A message's ``content`` is a string or a list of parts: ``{"type": "text", "text": ...}``, ``{"type": "image_url",
 "image_url": {"url": "data:image/png;base64,..."}}`` (a data URL, a local path or a ``file://`` URL; a relative
@@ -136,11 +136,12 @@ def resolve(
 
 def encode_chat(
     messages: list[dict[str, Any]], processor: Any, base_dir: str | None = None, limits: ImageLimits = ImageLimits()
-) -> tuple[list[int], Any]:
-    """A chat with image parts → (prompt ids, pixel values) through a vision-language model's processor (its chat
-    template with the generation prompt, then text and images together; no special tokens added, as
-    ``posttrain.rl.task.prompt_ids`` tokenises text chats)."""
+) -> tuple[list[int], Any, tuple[Any, ...]]:
+    """A chat with image parts → (prompt ids, pixel values, the decoded images) through a vision-language model's
+    processor (its chat template with the generation prompt, then text and images together; no special tokens
+    added, as ``posttrain.rl.task.prompt_ids`` tokenises text chats). The decoded images are for an engine that runs
+    its own processor (vLLM: ``Request.images``)."""
     msgs, images = resolve(messages, base_dir, limits)
     text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     enc = processor(text=text, images=images or None, return_tensors="pt", add_special_tokens=False)
-    return enc["input_ids"][0].tolist(), enc.get("pixel_values")
+    return enc["input_ids"][0].tolist(), enc.get("pixel_values"), tuple(images)

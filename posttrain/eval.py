@@ -165,21 +165,23 @@ def sample(
     top_p: float = 1.0,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
-    prompts: dict[str, tuple[list[int], Any]] | None = None,
+    prompts: dict[str, tuple[list[int], Any, tuple]] | None = None,
 ) -> list[ProblemResult]:
     """``n`` samples per problem through ``engine`` (any ``RolloutEngine``), decoded and checked; ``prompts``
-    (:func:`encode_prompts`): each row's prompt ids and pixel values, rows without one skipped."""
+    (:func:`encode_prompts`): each row's prompt ids, pixel values and decoded images, rows without one skipped."""
     stop = tuple(t for t in (tokenizer.eos_token_id,) if t is not None)
     prompts = prompts if prompts is not None else encode_prompts(task, tokenizer)[0]
     results = {str(r["id"]): ProblemResult(str(r["id"])) for r in task.rows if str(r["id"]) in prompts}
     by_id = {str(r["id"]): r for r in task.rows}
     requests = []
     for p, row in enumerate(task.rows):
-        ids, pixels = prompts.get(str(row["id"]), (None, None))
+        ids, pixels, images = prompts.get(str(row["id"]), (None, None, ()))
         for j in range(n if ids is not None else 0):
             seed_j = seed * 1_000_003 + p * 10_007 + j
             params = SamplingParams(task.max_new_tokens, temperature, top_p, seed=seed_j, stop_token_ids=stop)
-            requests.append(Request(f"{row['id']}/{j}", ids, params, group_id=str(row["id"]), pixel_values=pixels))
+            requests.append(
+                Request(f"{row['id']}/{j}", ids, params, str(row["id"]), pixel_values=pixels, images=images)
+            )
     for traj in run_all(engine, requests, progress=progress):
         row = by_id[traj.request.group_id]
         text, stopped = response(traj, row, tokenizer)  # as RL's reward reads it
@@ -189,8 +191,9 @@ def sample(
 
 def encode_prompts(
     task: EvalTask, tokenizer: Any, processor: Any = None
-) -> tuple[dict[str, tuple[list[int], Any]], list[dict[str, str]]]:
-    """Each row's (prompt ids, pixel values or None) (``posttrain.rl.task.encode_prompt``, as RL feeds them); a row
+) -> tuple[dict[str, tuple[list[int], Any, tuple]], list[dict[str, str]]]:
+    """Each row's (prompt ids, pixel values or None, decoded images) (``posttrain.rl.task.encode_prompt``, as RL
+    feeds them); a row
     with image parts goes through ``processor`` (a vision-language model's) and is skipped, with its reason, when an
     image fails (``formats.chat_images``)."""
     from formats.chat_images import BadImage

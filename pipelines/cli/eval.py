@@ -71,7 +71,6 @@ def run_eval(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from formats import fs
-    from formats.chat_images import has_images
     from posttrain import eval as ev
     from posttrain.rl import engines
 
@@ -95,8 +94,6 @@ def run_eval(args: argparse.Namespace) -> int:
     opts = ev.TaskOptions(args.data, args.verifier, args.problems, args.seed, args.max_new_tokens)
     try:
         task = ev.TASKS[args.task](opts)
-        if args.engine != "hf" and any(has_images(r) for r in task.rows):
-            raise ValueError(f"rows with images run on --engine hf only (not {args.engine} yet: issue 37 item 4)")
         result = ev.evaluate(
             make_engine,
             tokenizer,

@@ -51,14 +51,15 @@ def build_task(cfg: RLConfig) -> JsonlTask:
 
 
 def task_source(cfg: RLConfig, tokenizer: Any) -> TaskSource:
-    """The task's cursor; image rows need a vision-language policy (its processor) on the ``hf`` engine, and a row
-    whose image fails is left out, counted by reason on stdout (``TaskSource.skipped`` holds each row's)."""
+    """The task's cursor; image rows need a vision-language policy (its processor) on the ``hf`` or ``vllm`` engine
+    (requests carry pixel values for the one, decoded images for the other), and a row whose image fails is left
+    out, counted by reason on stdout and in ``skipped.jsonl`` (``TaskSource.skipped`` holds each row's)."""
     task, processor = build_task(cfg), engines.load_processor(cfg.policy)
     if any(map(has_images, task.rows)):
         if processor is None:
             raise engines.EngineRefused("task rows hold images and the policy is a text-only model (export --vlm)")
-        if cfg.engine.kind != "hf":
-            raise engines.EngineRefused(f"task rows with images run on engine.kind=hf only, not {cfg.engine.kind}")
+        if cfg.engine.kind not in ("hf", "vllm"):
+            raise engines.EngineRefused(f"task rows with images run on engine.kind=hf or vllm, not {cfg.engine.kind}")
     source = TaskSource(task, tokenizer, seed=cfg.seed, processor=processor)
     if source.skipped:
         reasons = Counter(r.split(":")[0] for r in source.skipped.values())

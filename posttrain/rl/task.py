@@ -161,12 +161,15 @@ def write_smol_data(out: str | Path, n_train: int = 256, n_test: int = 64) -> li
     return paths
 
 
-def encode_prompt(row: dict, tokenizer: Any, processor: Any = None, base: str | None = None) -> tuple[list[int], Any]:
-    """(prompt ids, pixel values or None): a row with image parts through a vision-language model's ``processor``
-    (``formats.chat_images``; relative image paths from ``base``), raising ``BadImage`` with its reason when an
-    image fails and ``ValueError`` when there is no processor; any other row through :func:`prompt_ids`."""
+def encode_prompt(
+    row: dict, tokenizer: Any, processor: Any = None, base: str | None = None
+) -> tuple[list[int], Any, tuple[Any, ...]]:
+    """(prompt ids, pixel values or None, decoded images): a row with image parts through a vision-language model's
+    ``processor`` (``formats.chat_images``; relative image paths from ``base``), raising ``BadImage`` with its reason
+    when an image fails and ``ValueError`` when there is no processor; any other row through :func:`prompt_ids`.
+    Requests carry both forms: the HF engine feeds the pixel values, vLLM runs its own processor on the images."""
     if not has_images(row):
-        return prompt_ids(row, tokenizer), None
+        return prompt_ids(row, tokenizer), None, ()
     if processor is None:
         raise ValueError(f"row {row.get('id')} holds images and this is a text-only model (export it with --vlm)")
     return encode_chat(row["messages"], processor, base)
@@ -277,7 +280,7 @@ class TaskSource:
         self.skipped: dict[str, str] = {}
         for r in filter(has_images, task.rows):
             try:
-                self.pixel_values({"row_id": str(r["id"])})
+                self.images({"row_id": str(r["id"])})
             except BadImage as e:
                 self.skipped[str(r["id"])] = str(e)
         self.rows = [r for r in task.rows if str(r["id"]) not in self.skipped]
@@ -293,13 +296,13 @@ class TaskSource:
         epoch, i = divmod(self.cursor, len(self.rows))
         row = self.rows[self._order(epoch)[i]]
         self.cursor += 1
-        ids, pixels = encode_prompt(row, self.tokenizer, self.processor, self.task.base)
-        return Prompt(str(row["id"]), ids, {"row_id": str(row["id"])}, pixel_values=pixels)
+        ids, pixels, images = encode_prompt(row, self.tokenizer, self.processor, self.task.base)
+        return Prompt(str(row["id"]), ids, {"row_id": str(row["id"])}, pixel_values=pixels, images=images)
 
-    def pixel_values(self, meta: dict[str, Any]) -> Any:
-        """The pixel values of the prompt a trajectory's ``meta`` names (None for a text row): the scheduler rebuilds
-        a checkpoint-restored trajectory's images with this (``Request.pixel_values`` is never serialised)."""
-        return encode_prompt(self._by_id[meta["row_id"]], self.tokenizer, self.processor, self.task.base)[1]
+    def images(self, meta: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+        """(pixel values or None, decoded images) of the prompt a trajectory's ``meta`` names: the scheduler rebuilds
+        a checkpoint-restored trajectory's images with this (a ``Request``'s images are never serialised)."""
+        return encode_prompt(self._by_id[meta["row_id"]], self.tokenizer, self.processor, self.task.base)[1:]
 
     def reward(self, traj: Trajectory) -> float:
         """Decode the response (:func:`response`, as ``eval`` reads it) and run the verifier on it."""

@@ -47,6 +47,8 @@ class Prompt:
     pixel_values: Any = field(default=None, compare=False, repr=False)
     """A vision-language prompt's images, given to each of its requests (``Request.pixel_values``); the scheduler's
     own group records drop them (a checkpoint never holds pixels)."""
+    images: tuple = field(default=(), compare=False, repr=False)
+    """The same images decoded (``Request.images``, for vLLM), dropped from the records likewise."""
 
 
 class PromptSource(Protocol):
@@ -345,8 +347,10 @@ class PartialRolloutScheduler:
             if self.params_fn is not None:
                 params = self.params_fn(prompt, j, params)
             meta = dict(prompt.meta, prompt_id=prompt.prompt_id)
-            reqs.append(Request(f"{gid}-{j}", list(prompt.prompt_ids), params, gid, meta, prompt.pixel_values))
-        self._groups[gid] = {"prompt": replace(prompt, pixel_values=None), "done": {}}  # images live on requests
+            reqs.append(
+                Request(f"{gid}-{j}", list(prompt.prompt_ids), params, gid, meta, prompt.pixel_values, prompt.images)
+            )
+        self._groups[gid] = {"prompt": replace(prompt, pixel_values=None, images=()), "done": {}}  # on the requests
         self.totals["groups_submitted"] += 1
         self.engine.submit(reqs)
 
@@ -445,8 +449,8 @@ class PartialRolloutScheduler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a ``state_dict``; a source with ``pixel_values(meta)`` (``TaskSource``) gives every restored
-        trajectory its images back, rebuilt from the task row (pixel values are never checkpointed)."""
+        """Restore a ``state_dict``; a source with ``images(meta)`` (``TaskSource``) gives every restored
+        trajectory its images back, rebuilt from the task row (images are never checkpointed)."""
         if self.engine.n_active:
             raise RuntimeError("load_state_dict needs an empty engine")
         if self.engine.version != state["version"]:
@@ -456,11 +460,11 @@ class PartialRolloutScheduler:
         self.version = state["version"]
         self._next_group = state["next_group"]
         self.source.load_state_dict(state["source"])
-        pixels = getattr(self.source, "pixel_values", lambda meta: None)
+        images = getattr(self.source, "images", lambda meta: (None, ()))
 
         def restored(d: dict[str, Any]) -> Trajectory:
             t = Trajectory.from_dict(d)
-            t.request.pixel_values = pixels(t.request.meta)
+            t.request.pixel_values, t.request.images = images(t.request.meta)
             return t
 
         self._groups = {}

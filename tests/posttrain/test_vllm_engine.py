@@ -41,6 +41,7 @@ class FakeAsyncLLM:
         self.calls: list[str] = []
         self.prompts: dict[str, list[int]] = {}
         self.images: dict[str, list | None] = {}
+        self.params: dict[str, object] = {}
 
     async def update_weight_version(self, v: str) -> None:
         self.version = v
@@ -70,6 +71,7 @@ class FakeAsyncLLM:
         ids = prompt["prompt_token_ids"]
         self.prompts[request_id] = list(ids)
         self.images[request_id] = prompt.get("multi_modal_data", {}).get("image")
+        self.params[request_id] = params
         tokens, lps, versions = [], [], []
         while len(tokens) < params.max_tokens:
             if request_id in self.aborted:
@@ -186,7 +188,8 @@ def test_resume_after_restart_resubmits_prompt_plus_kept_tokens():
 
 def test_a_vision_language_model_gets_each_image_once_with_its_placeholder():
     """On a served LLaVA (``hf_config`` with a vision tower), a request's images go to vLLM with one placeholder per
-    image (vLLM expands it), the trajectory keeps the expanded prompt the learner feeds."""
+    image (vLLM expands it), the placeholder is never sampled, the trajectory keeps the expanded prompt the learner
+    feeds."""
     from PIL import Image
 
     llm, sent = FakeAsyncLLM(), []
@@ -201,7 +204,7 @@ def test_a_vision_language_model_gets_each_image_once_with_its_placeholder():
         done = engine.step().finished
     engine.close()
     ((vid, ids),) = llm.prompts.items()
-    assert ids == [1, 7, 2] and llm.images[vid] == [img]
+    assert ids == [1, 7, 2] and llm.images[vid] == [img] and llm.params[vid].logit_bias == {7: -100.0}
     assert done[0].prompt_ids == prompt and done[0].n_tokens == 3
 
 

@@ -68,7 +68,8 @@ def test_sampling_kwargs_fresh_request():
     assert kw["logprobs"] == 0 and kw["n"] == 1 and kw["detokenize"] is False
     assert kw["stop_token_ids"] == [2] and kw["ignore_eos"] is False
     assert kw["seed"] == resubmission_seed(5, 0, 0)
-    assert "min_tokens" not in kw and "routed_experts_prompt_start" not in kw
+    assert "min_tokens" not in kw and "routed_experts_prompt_start" not in kw and "logit_bias" not in kw
+    assert vllm_sampling_kwargs(p, never=(7,))["logit_bias"] == {7: -100.0}  # a VLM's image placeholder
 
 
 def test_sampling_kwargs_forced_length_and_continuation():

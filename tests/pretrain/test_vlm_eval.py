@@ -143,7 +143,7 @@ def test_hf_engine_prefills_with_each_requests_pixel_values(vlm, tmp_path) -> No
         img.save(tmp_path / f"{i}.png")
         url = data_url((tmp_path / f"{i}.png").read_bytes())
         chat = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]}]  # fmt: skip
-        prompts.append(encode_chat(chat, processor))
+        prompts.append(encode_chat(chat, processor)[:2])
     assert len(prompts[0][0]) != len(prompts[1][0])
     requests = [
         Request(f"r{i}", ids, SamplingParams(3, seed=i), pixel_values=px) for i, (ids, px) in enumerate(prompts)
@@ -250,6 +250,8 @@ def test_rl_learner_scores_image_trajectories_as_the_engine_did_across_pause_and
     b.load_state_dict(state)
     for before, after in zip(paused, b.paused, strict=True):  # rebuilt from the row: the very same pixels
         assert torch.equal(before.request.pixel_values, after.request.pixel_values)
+        assert [im.tobytes() for im in before.request.images] == [im.tobytes() for im in after.request.images]
+        assert len(after.request.images) == 1  # the decoded image too (vLLM runs its own processor)
     next_a, next_b = a.collect(), b.collect()
     resumed = {t.request_id for t in paused}
     trajs_a = [t for g in next_a.groups for t in g]
@@ -282,7 +284,7 @@ def test_the_image_placeholder_is_never_sampled_so_learner_forwards_never_see_a_
     buf = io.BytesIO()
     Image.new("RGB", (30, 40), (200, 10, 90)).save(buf, format="PNG")
     chat = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(buf.getvalue())}}]}]
-    ids, px = encode_chat(chat, processor)
+    ids, px, _ = encode_chat(chat, processor)
     trajs = run_all(
         HFEngine(copy.deepcopy(model), capacity=2),
         [Request(f"r{i}", ids, SamplingParams(4, seed=i), pixel_values=px) for i in range(2)],
@@ -352,3 +354,6 @@ def test_sft_then_rl_then_eval_on_the_figure_task(vlm, figures, text_only, tmp_p
                f"policy.path={text_only}", "--set", "task.name=jsonl", "--set", f"task.jsonl={data}", "--no-progress"]  # fmt: skip
     assert main(rl_args) == 2
     assert "task rows hold images and the policy is a text-only model" in capsys.readouterr().err
+    # an engine that takes no images (neither pixel values nor decoded images) refuses them, naming those that do
+    assert main([*rl_args[:7], f"policy.path={sft / 'policy'}", *rl_args[8:], "--set", "engine.kind=speculative"]) == 2
+    assert "run on engine.kind=hf or vllm, not speculative" in capsys.readouterr().err

@@ -23,8 +23,9 @@ is not installed in CI). The pieces that matter for partial rollout:
   ``Trajectory.routed_experts`` (one row per fed position), which ``posttrain.objectives.r3`` replays in the learner.
 - **images**: a request's decoded images (``Request.images``) go in ``multi_modal_data`` with one placeholder per
   image (``vllm_prompt``: vLLM expands a token prompt's placeholders itself, to the same N the HF processor did); the
-  trajectory keeps the expanded prompt. The VLM export's projector activation ``linear`` is added to vLLM's registry
-  by the ``vllm.general_plugins`` entry point (``register_vllm_plugins``).
+  trajectory keeps the expanded prompt; the placeholder is never sampled (``logit_bias`` -100, as the HF engine's
+  -inf). The VLM export's projector activation ``linear`` is added to vLLM's registry by the
+  ``vllm.general_plugins`` entry point (``register_vllm_plugins``).
 
 The request/response mapping is pure functions (``vllm_sampling_kwargs``, ``vllm_prompt``,
 ``expand_weight_versions``, ``apply_completion``), unit-tested in ``tests/posttrain/test_vllm_mapping.py`` with
@@ -70,11 +71,16 @@ def resubmission_seed(seed: int, attempt: int, n_kept: int) -> int:
     return (seed * 1_000_003 + attempt * 7_919 + n_kept * 104_729) % (2**31 - 1)
 
 
-def vllm_sampling_kwargs(params: SamplingParams, n_kept: int = 0, attempt: int = 0, routes_from: int = 0) -> dict:
+def vllm_sampling_kwargs(
+    params: SamplingParams, n_kept: int = 0, attempt: int = 0, routes_from: int = 0, never: Sequence[int] = ()
+) -> dict:
     """Keyword arguments for ``vllm.SamplingParams`` continuing a trajectory that already holds ``n_kept`` tokens.
 
     ``routes_from``: first position whose routed experts vLLM should return (positions already recorded are
-    not asked for again).
+    not asked for again). ``never``: token ids never to sample (a VLM's image placeholder, which the HF engine and
+    the learner put at -inf: ``sampling.without_placeholder``), as a ``logit_bias`` of -100 (vLLM's OpenAI-style
+    bias range): vLLM applies it before the processed logprobs, so a token's logprob differs from the learner's
+    -inf mask by at most the placeholder's mass scaled by e^(-100/T), and it is never drawn.
     """
     remaining = params.target_length - n_kept
     if remaining <= 0:
@@ -96,6 +102,8 @@ def vllm_sampling_kwargs(params: SamplingParams, n_kept: int = 0, attempt: int =
         kw["min_tokens"] = remaining
     if params.return_routed_experts:
         kw["routed_experts_prompt_start"] = routes_from
+    if never:
+        kw["logit_bias"] = {int(t): -100.0 for t in never}
     return kw
 
 
@@ -472,7 +480,8 @@ class VLLMEngine:
         self._n_launched += 1
         p = traj.request.params
         routes_from = len(traj.routed_experts) if traj.routed_experts is not None else 0
-        kw = vllm_sampling_kwargs(p, traj.n_tokens, traj.attempt, routes_from)
+        never = (self._image[0],) if self._image is not None else ()  # the image placeholder is never sampled
+        kw = vllm_sampling_kwargs(p, traj.n_tokens, traj.attempt, routes_from, never)
         params = self._api.sampling_params(**kw, output_kind=self._api.output_kind)
         if traj.n_tokens:
             self.resubmissions += 1
