@@ -92,10 +92,11 @@ def test_equation_rows_ask_for_the_expression_among_other_equations_only() -> No
     eqs = [
         CaptionedCrop(f"doc{d}", f"e{d}", "equation", b"\x89PNG", f"a_{d} = b^{d} + c", "text-layer-math") for d in range(4)
     ]  # fmt: skip
-    rows, counts = build_rows(figures + eqs, FigureTaskConfig(seed=1, test_fraction=0.5, choices=3))
-    got = [r for s in rows.values() for r in s if r["kind"] == "equation"]
+    latex = CaptionedCrop("doc0", "L0", "equation", b"\x89PNG", "\\sum_i a_i = 1", "latex")
+    rows, counts = build_rows(figures + eqs + [latex], FigureTaskConfig(seed=1, test_fraction=0.5, choices=3))
+    got = [r for s in rows.values() for r in s if r["kind"] == "equation" and r["text_from"] != "latex"]
     assert len(got) == 4 and counts["too_few_options"] == 0
-    for r in got:
+    for r in got:  # text read the same way first: the LaTeX expression is never a text-layer row's distractor
         text = r["messages"][0]["content"][1]["text"]
         assert text.startswith("Which expression does this equation show?")
         options = [line[3:] for line in text.splitlines() if line[:3] in ("A) ", "B) ", "C) ")]
