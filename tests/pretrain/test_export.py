@@ -199,21 +199,27 @@ CLEAN_VLM = textwrap.dedent(
 )
 
 
-def test_vlm_export_loads_as_an_image_text_model_with_the_pretraining_logits(runs, tmp_path, capsys) -> None:
-    """``pretrain export --vlm``: a LLaVA-style directory that transformers' auto classes load with no project code;
+def test_vlm_export_loads_as_an_image_text_model_with_the_pretraining_logits(runs, tmp_path) -> None:
+    """``pretrain export`` of a run with a vision tower (the default format): see :func:`check_vlm_export`."""
+    from pipelines.cli import main
+
+    run, model_dir = runs(2, 1), tmp_path / "vlm"
+    assert main(["pretrain", "export", str(run), "--out", str(model_dir)]) == 0  # a run with a tower: VLM by default
+    check_vlm_export(run, model_dir, tmp_path)
+
+
+def check_vlm_export(run: Path, model_dir: Path, tmp_path: Path) -> None:
+    """A VLM export of ``run`` is a LLaVA-style directory that transformers' auto classes load with no project code;
     an image + text chat generates, and on an image whose corpus slot budget equals the tower's N patches the
     logits equal the pre-training model's own (≤ 1e-5, fp32)."""
     from PIL import Image
 
     from pipelines.assembly.interleave import ImageTokenRule
-    from pipelines.cli import main
     from pretrain.config import ModelConfig
     from pretrain.data import load_pixels
     from pretrain.export import consolidated_state, latest_checkpoint
     from pretrain.model import VisualPretrainModel
 
-    run, model_dir = runs(2, 1), tmp_path / "vlm"
-    assert main(["pretrain", "export", str(run), "--out", str(model_dir)]) == 0  # a run with a tower: VLM by default
     cfg = json.loads((run / "config.json").read_text())
     crop = cfg["data"]["crop_size"]
 

@@ -1,8 +1,9 @@
-"""Issue 37, items 2 and 3 on tiny models: ``build`` on synthetic pages → ``posttrain tasks figures`` → a 3-step
-pre-training run → ``pretrain export --vlm`` → ``eval --task jsonl`` on the figure task's test split (image rows
-through the processor, pixel values into the HF engine's prefill; broken images skipped and counted), and the
-post-training chain on it: ``posttrain sft`` on its train rows → ``posttrain rl`` (2 steps) → ``eval``; the engine's
-prefill, SFT's packed rows and the RL learner's logprobs each checked against the model's own forward with images."""
+"""Issue 37 on tiny models, one chain: ``build`` on synthetic pages → a 3-step pre-training run on those shards →
+``pretrain export`` (the VLM) → loaded in a clean interpreter with the pre-training logits → ``posttrain tasks
+figures`` on the same build → ``posttrain sft`` on its train rows → ``posttrain rl`` (2 steps) → ``eval`` with pass@k
+(``test_sft_then_rl_then_eval_on_the_figure_task``); and ``eval`` on the test split (image rows through the processor,
+pixel values into the HF engine's prefill; broken images skipped and counted); the engine's prefill, SFT's packed
+rows and the RL learner's logprobs each checked against the model's own forward with images."""
 
 from __future__ import annotations
 
@@ -17,39 +18,53 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.pretrain.test_export import _train
+from tests.pretrain.test_export import _train, check_vlm_export
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 @pytest.fixture(scope="module")
-def vlm(corpus: Path, tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(run, exported VLM): one 3-step ZeRO-2 run on the fixture corpus, exported with ``--vlm``."""
+def build(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``scifolio build`` on three synthetic one-page papers: the shards both pre-training and the figure task read."""
+    from parsing.synthetic import synthetic_pdf
+    from pipelines.cli import main
+
+    tmp = tmp_path_factory.mktemp("build")
+    pdfs, out = tmp / "pdfs", tmp / "out"
+    pdfs.mkdir()
+    for seed in range(3):
+        (pdfs / f"paper{seed}.pdf").write_bytes(synthetic_pdf(1, seed=seed)[0])
+    args = ["build", str(pdfs), "--out", str(out), "--tokenizer", str(tiny_models / "tokenizer"), "--backend",
+            "pymupdf", "--max-tokens", "256", "--overlap", "16", "--page-renders", "--no-progress", "--runner",
+            "DirectRunner"]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(args) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def vlm(build: Path, tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(run, exported VLM): one 3-step ZeRO-2 run on the build's shards, exported as ``pretrain export`` does by
+    default for a run with a vision tower."""
     from pipelines.cli import main
 
     run, model = tmp_path_factory.mktemp("vlm-run"), tmp_path_factory.mktemp("vlm") / "model"
-    _train(corpus, tiny_models, run, 2, 1)
-    assert main(["pretrain", "export", str(run), "--out", str(model), "--vlm"]) == 0
+    _train(build, tiny_models, run, 2, 1)
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        assert main(["pretrain", "export", str(run), "--out", str(model)]) == 0
+    assert "as a vision-language model" in said.getvalue()
     return run, model
 
 
 @pytest.fixture(scope="module")
-def figures(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """(task dir, what ``tasks figures`` printed): ``build`` on three synthetic papers, then the caption task."""
-    from parsing.synthetic import synthetic_pdf
+def figures(build: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(task dir, what ``tasks figures`` printed): the caption task from the build."""
     from pipelines.cli import main
 
-    tmp = tmp_path_factory.mktemp("figures")
-    pdfs, out, task = tmp / "pdfs", tmp / "out", tmp / "figures"
-    pdfs.mkdir()
-    for seed in range(3):
-        (pdfs / f"paper{seed}.pdf").write_bytes(synthetic_pdf(1, seed=seed)[0])
-    build = ["build", str(pdfs), "--out", str(out), "--tokenizer", str(tiny_models / "tokenizer"), "--backend",
-             "pymupdf", "--max-tokens", "256", "--overlap", "16", "--no-progress", "--runner", "DirectRunner"]  # fmt: skip
+    task = tmp_path_factory.mktemp("figures") / "figures"
     said = io.StringIO()
     with contextlib.redirect_stdout(said):
-        assert main(build) == 0
-        assert main(["posttrain", "tasks", "figures", "--shards", str(out), "--out", str(task)]) == 0
+        assert main(["posttrain", "tasks", "figures", "--shards", str(build), "--out", str(task)]) == 0
     return task, said.getvalue()
 
 
@@ -300,11 +315,14 @@ def _save(state: dict, path: Path) -> Path:
 
 
 def test_sft_then_rl_then_eval_on_the_figure_task(vlm, figures, text_only, tmp_path, capsys, monkeypatch) -> None:
-    """The chain after export through the CLI: ``posttrain sft`` on the figure task's train rows (answers as replies)
-    → ``posttrain rl`` (2 steps) from that policy on the same rows → ``eval`` on the test split with pass@k; a row
-    whose image is broken is skipped with its reason by both; a text-only model refuses image rows in both."""
+    """Issue 37's acceptance chain: the build → pre-training → export of the fixtures, the export loaded in a clean
+    interpreter (transformers and torch only) with the pre-training model's logits on a budget-equals-N image
+    (``check_vlm_export``), then through the CLI ``posttrain sft`` on the figure task's train rows (answers as
+    replies) → ``posttrain rl`` (2 steps) from that policy on the same rows → ``eval`` on the test split with pass@k;
+    a row whose image is broken is skipped with its reason by both; a text-only model refuses image rows in both."""
     from pipelines.cli import main
 
+    check_vlm_export(vlm[0], vlm[1], tmp_path)
     for k, v in OFFLINE.items():
         monkeypatch.setenv(k, v)
     task, model = figures[0], vlm[1]
