@@ -193,9 +193,8 @@ def encode_prompts(
     task: EvalTask, tokenizer: Any, processor: Any = None
 ) -> tuple[dict[str, tuple[list[int], Any, tuple]], list[dict[str, str]]]:
     """Each row's (prompt ids, pixel values or None, decoded images) (``posttrain.rl.task.encode_prompt``, as RL
-    feeds them); a row
-    with image parts goes through ``processor`` (a vision-language model's) and is skipped, with its reason, when an
-    image fails (``formats.chat_images``)."""
+    feeds them); a row with image parts goes through ``processor`` (a vision-language model's) and is skipped, with
+    its reason, when an image fails (``formats.chat_images``)."""
     from formats.chat_images import BadImage
 
     prompts, skipped = {}, []

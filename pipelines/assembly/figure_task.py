@@ -26,8 +26,8 @@ reason: ``no_caption``, ``caption_too_long``, ``caption_taken`` (the paragraph i
 ``equation_text_unknown`` (no text was read for it, or a shard older than schema 4), ``equation_text_too_short``
 (under ``min_equation_chars``: "x = 1" asks little), ``equation_text_taken`` (the document already asks about the
 same text), ``kind_missing_png`` (a segment names an image its row lacks), ``kind_not_asked`` (a kind left out of
-``kinds``), ``too_few_captions`` (fewer than ``choices`` distinct texts in the corpus). Documents stream one at a time; the captioned crops
-(their PNGs included) are held until the rows are written.
+``kinds``), ``too_few_captions`` (fewer than ``choices`` distinct texts in the corpus). Documents stream one at a
+time; the captioned crops (their PNGs included) are held until the rows are written.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ from formats.manifest import MANIFEST_NAME, Manifest
 from formats.shards import ChunkRow, ShardFile, list_shards
 
 LETTERS = "ABCDEFGHIJ"
+KINDS = ("figure", "table", "equation")
+"""The crop kinds the task can ask about."""
 _PARAGRAPH = re.compile(r"\n\s*\n")
 _IMAGE = re.compile(r"^\x00(\w+)\x00$")
 _EQUATION_NUMBER = re.compile(r"\s*\(\s*\d+[a-z]?\s*\)$")
@@ -67,7 +69,7 @@ class FigureTaskConfig:
     """Longer captions (and equation texts) are skipped (``caption_too_long``)."""
     min_equation_chars: int = 8
     """Equation texts shorter than this (spaces left out) are skipped (``equation_text_too_short``)."""
-    kinds: tuple[str, ...] = ("figure", "table", "equation")
+    kinds: tuple[str, ...] = KINDS
     """The crop kinds asked about; others are skipped as ``kind_not_asked``."""
 
 
@@ -147,7 +149,7 @@ def captioned_crops(out: str, cfg: FigureTaskConfig = FigureTaskConfig()) -> tup
                 continue
             doc_seen.add(sha := m.group(1))
             kind = images[sha].kind if sha in images else "missing_png"
-            if kind in ("figure", "table", "equation") and kind not in cfg.kinds:
+            if kind in KINDS and kind not in cfg.kinds:
                 skipped["kind_not_asked"] += 1
                 continue
             if kind == "equation":

@@ -7,8 +7,9 @@
 
 Rows whose messages hold image parts (``formats.chat_images``: data URLs or local paths) need a vision-language
 model (``scifolio pretrain export RUN --out VLM``, the default for a run with a vision encoder): its processor
-renders the chat and its pixels go to the HF engine's prefill. A row whose image fails (missing file, unreadable, too large) is skipped and counted with its
-reason (``skipped`` in the JSON); a text-only model given image rows is refused.
+renders the chat and its pixels go to the HF engine's prefill (vLLM gets the decoded images). A row whose image
+fails (missing file, unreadable, too large) is skipped and counted with its reason (``skipped`` in the JSON); a
+text-only model given image rows is refused.
 
 Writes one JSON file (summary keys ``pass@1``, ``pass@4``… or ``perplexity``, plus per-problem results) and prints
 a one-line summary.

@@ -6,7 +6,8 @@
 
 Writes DIR/train.jsonl and DIR/test.jsonl (disjoint documents; one multiple-choice "which caption belongs to this
 figure/table?" row per captioned crop and "which expression does this equation show?" per equation whose text the
-build kept, the crop inlined as a PNG data URL, the answer a letter for ``--verifier exact``) and DIR/summary.json (rows and documents per split, crops skipped by reason), and prints the summary.
+build kept, the crop inlined as a PNG data URL, the answer a letter for ``--verifier exact``) and DIR/summary.json
+(rows and documents per split, crops skipped by reason), and prints the summary.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_figures(args: argparse.Namespace) -> int:
-    from pipelines.assembly.figure_task import FigureTaskConfig, write_figure_task
+    from pipelines.assembly.figure_task import KINDS, FigureTaskConfig, write_figure_task
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
-    if not kinds or set(kinds) - {"figure", "table", "equation"}:
-        print(f"error: --kinds takes figure, table and equation, got {args.kinds!r}", file=sys.stderr)
+    if not kinds or set(kinds) - set(KINDS):
+        print(f"error: --kinds takes {', '.join(KINDS)}, got {args.kinds!r}", file=sys.stderr)
         return 2
     cfg = FigureTaskConfig(
         seed=args.seed,
