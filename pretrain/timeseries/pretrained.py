@@ -4,13 +4,17 @@ multi-horizon output); longer horizons roll out 64 at a time, up to ``max_horizo
 
     python -m pretrain.timeseries.corpus --out .cache/ts_corpus                       # rebuild the corpus
     python -m pretrain.timeseries.pretrained --corpus .cache/ts_corpus/corpus.npz \\
-        --out pretrain/timeseries/weights/default.pt --minutes 40                       # retrain the shipped weights
+        --out /tmp/ts/base.pt --minutes 40 --no-seasonal                                # 1: the base (75 min in all)
+    python -m pretrain.timeseries.pretrained --corpus .cache/ts_corpus/corpus.npz --init /tmp/ts/base.pt \\
+        --lr 3e-4 --minutes 35 --out pretrain/timeseries/weights/default.pt             # 2: + the seasonal path
 
     from pretrain.timeseries.pretrained import load_default, predict
     point, quantiles = predict(load_default(), [np.sin(np.arange(200) / 3)], horizon=24)   # [1, 24], [1, 24, 9]
 
-It is scifolio's own model (no classical or third-party model behind it) but it does not share weights with the
-C10 lane's encoder/forecaster (``forecaster.py``), which keeps serving ``scifolio pretrain``. Every window is
+Each context's period is detected from its autocorrelation, and its seasonal-naive continuation feeds the query
+tokens and the linear skip (``PatchConfig.seasonal``, ``detect_period``). It is scifolio's own model (no classical
+or third-party model behind it) but it does not share weights with the C10 lane's encoder/forecaster
+(``forecaster.py``), which keeps serving ``scifolio pretrain``. Every window is
 normalised by its own observed mean and standard deviation (scale-free, as Chronos and TimesFM do); NaN values are
 missing (an observed-flag channel tells the model, fully missing patches are masked out of attention).
 """
@@ -60,6 +64,11 @@ class PatchConfig:
     linear_skip: bool = True
     """A linear map from the whole normalised context straight to the output, added to the Transformer's: it
     learns lag structure (a season's copy) in a few hundred steps, where attention alone needs thousands."""
+    seasonal: bool = False
+    """An explicit seasonal path: each context's period is detected from the autocorrelation of its differences
+    (``detect_period``), the seasonal-naive continuation of the context (its last period repeated) is embedded into
+    the query tokens and fed to the linear skip, so a daily cycle of hourly data is copied at any phase without
+    the model having to find the lag itself. False in weights trained before it (they load unchanged)."""
 
 
 @dataclass(frozen=True)
@@ -113,21 +122,82 @@ class PatchForecaster(nn.Module):
         self.body = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
         self.ln = nn.LayerNorm(d)
         self.head = Residual(d, 2 * d, p * len(cfg.quantiles))
-        self.skip = nn.Linear(cfg.context, cfg.horizon * len(cfg.quantiles)) if cfg.linear_skip else None
+        n_skip = cfg.context + (cfg.horizon if cfg.seasonal else 0)
+        self.skip = nn.Linear(n_skip, cfg.horizon * len(cfg.quantiles)) if cfg.linear_skip else None
+        self.season = Residual(p, 2 * d, d) if cfg.seasonal else None
 
     def forward(self, z: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
         """``z [B, context]`` normalised values (0 where missing), ``observed [B, context]`` → ``[B, horizon, K]``."""
         b, p = z.shape[0], self.cfg.patch
         zp, op = z.reshape(b, self.n_in, p), observed.reshape(b, self.n_in, p)
         tokens = self.embed(torch.cat([zp, op], dim=-1))
-        queries = torch.zeros(b, self.n_out, tokens.shape[-1], dtype=tokens.dtype, device=tokens.device)
+        if self.season is not None:
+            sn = seasonal_continuation(z, detect_period(z, observed), self.cfg.horizon)
+            queries = self.season(sn.reshape(b, self.n_out, p))
+            skip_in = torch.cat([z, sn], dim=1)
+        else:
+            queries = torch.zeros(b, self.n_out, tokens.shape[-1], dtype=tokens.dtype, device=tokens.device)
+            skip_in = z
         h = torch.cat([tokens, queries], dim=1) + self.pos
         pad = torch.cat([op.sum(-1) == 0, torch.zeros(b, self.n_out, dtype=torch.bool, device=z.device)], dim=1)
         out = self.head(self.ln(self.body(h, src_key_padding_mask=pad)[:, self.n_in :]))
         out = out.reshape(b, self.cfg.horizon, len(self.cfg.quantiles))
         if self.skip is not None:
-            out = out + self.skip(z).reshape(b, self.cfg.horizon, len(self.cfg.quantiles))
+            out = out + self.skip(skip_in).reshape(b, self.cfg.horizon, len(self.cfg.quantiles))
         return out
+
+    def add_seasonal_path(self) -> PatchForecaster:
+        """A copy with ``seasonal=True`` that computes exactly what this one does until trained: the new skip
+        columns and the season embedding's outputs start at zero (continuing shipped weights)."""
+        new = PatchForecaster(dataclasses.replace(self.cfg, seasonal=True))
+        state = self.state_dict()
+        if self.skip is not None:
+            w = torch.zeros_like(new.skip.weight)
+            w[:, : self.cfg.context] = state["skip.weight"]
+            state["skip.weight"] = w
+        missing, unexpected = new.load_state_dict(state, strict=False)
+        assert not unexpected and all(k.startswith("season.") for k in missing), (missing, unexpected)
+        for lin in (new.season.hidden[-1], new.season.skip):
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+        return new
+
+
+def detect_period(z: torch.Tensor, observed: torch.Tensor, min_corr: float = 0.2, min_rise: float = 0.2) -> torch.Tensor:
+    """Each row's dominant period ``[B]`` (long), from the autocorrelation of the observed values less their linear
+    trend: local maxima between lag 2 and a third of the observed length that reach ``min_corr`` and rise at least
+    ``min_rise`` above the lowest autocorrelation at a shorter lag (a random walk's slow decay has no such rise);
+    the shortest peak within 80 % of the best rise (a daily cycle, not its weekly multiple), or 1 (no season: the
+    last value repeats) when there is none."""
+    b, n = z.shape
+    t = torch.arange(n, dtype=z.dtype, device=z.device)[None].expand(b, n)
+    w = observed
+    cnt = w.sum(1, keepdim=True).clamp(min=1)
+    tm, zm = (w * t).sum(1, keepdim=True) / cnt, (w * z).sum(1, keepdim=True) / cnt
+    slope = (w * (t - tm) * (z - zm)).sum(1, keepdim=True) / (w * (t - tm) ** 2).sum(1, keepdim=True).clamp(min=1e-9)
+    x = (z - zm - slope * (t - tm)) * w
+    size = 2 * n
+    fx, fw = torch.fft.rfft(x, size), torch.fft.rfft(w, size)
+    num = torch.fft.irfft(fx * fx.conj(), size)[:, :n]
+    pairs = torch.fft.irfft(fw * fw.conj(), size)[:, :n].round()
+    acf = (num / pairs.clamp(min=1)) / (num[:, :1] / pairs[:, :1].clamp(min=1)).clamp(min=1e-12)
+    lags = torch.arange(n, device=z.device)
+    peak = (acf[:, 1:-1] >= acf[:, :-2]) & (acf[:, 1:-1] >= acf[:, 2:])
+    peak = torch.cat([torch.zeros_like(peak[:, :1]), peak, torch.zeros_like(peak[:, :1])], dim=1)
+    rise = acf - torch.cummin(acf, dim=1).values
+    ok = peak & (lags >= 2) & (lags <= (cnt / 3).floor()) & (acf >= min_corr) & (rise >= min_rise)
+    score = torch.where(ok, rise, torch.zeros_like(rise))
+    best = score.max(1, keepdim=True).values
+    first = torch.where(ok & (score >= 0.8 * best), lags, torch.full_like(lags, n)).min(1).values
+    return torch.where(best.squeeze(1) > 0, first, torch.ones_like(first))
+
+
+def seasonal_continuation(z: torch.Tensor, period: torch.Tensor, horizon: int) -> torch.Tensor:
+    """``[B, horizon]``: the last ``period`` values of each row repeated (seasonal naive in normalised units)."""
+    n = z.shape[1]
+    h = torch.arange(horizon, device=z.device)
+    p = period.clamp(1, n)[:, None]
+    return torch.gather(z, 1, n - p + h[None] % p)
 
 
 def normalise(ctx: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -427,6 +497,7 @@ def pretrain_default(
     lr: float = 1e-3,
     synth: float = 0.3,
     group_power: float = 0.5,
+    seasonal: bool = True,
 ) -> dict[str, Any]:
     """The recipe of the shipped weights: KernelSynth ``synth`` (30 %), TSMixup 20 %, the rest real series (source
     groups weighted by the square root of their points) minus the validation tails (``VALIDATION``), batch 96, lr
@@ -437,7 +508,11 @@ def pretrain_default(
     series, sources = load_corpus(corpus)
     series, _ = split_validation(series, sources)
     torch.manual_seed(seed)
-    model = load(init).train() if init else PatchForecaster(PatchConfig())
+    if init:
+        model = load(init)
+        model = (model.add_seasonal_path() if seasonal and not model.cfg.seasonal else model).train()
+    else:
+        model = PatchForecaster(PatchConfig(seasonal=seasonal))
     fcfg = FitConfig(minutes=minutes, batch=96, lr=lr, warmup=200, mixup=0.2, synth=synth, seed=seed,
                      group_power=group_power, threads=threads, log_every=100)  # fmt: skip
     meta = {"corpus": corpus, "fit": dataclasses.asdict(fcfg), "series": len(series), "init": init,
@@ -463,6 +538,8 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (cosine to a tenth of it)")
     ap.add_argument("--synth", type=float, default=0.3, help="share of KernelSynth windows")
     ap.add_argument("--group-power", type=float, default=0.5, help="source group weight = points ** this")
+    ap.add_argument("--no-seasonal", dest="seasonal", action="store_false",
+                    help="without the explicit seasonal path (PatchConfig.seasonal): the architecture of older weights")
     ap.add_argument("--validate", default=None, metavar="WEIGHTS",
                     help="only score WEIGHTS on the held-out training-source tails (VALIDATION) and exit")  # fmt: skip
     args = ap.parse_args()
@@ -471,7 +548,7 @@ def main() -> int:
         print(json.dumps(validate(load(args.validate), args.corpus)))
         return 0
     meta = pretrain_default(args.corpus, args.out, args.minutes, args.seed, args.threads, args.init, args.lr,
-                            args.synth, args.group_power)  # fmt: skip
+                            args.synth, args.group_power, args.seasonal)  # fmt: skip
     print(json.dumps(meta | {"validation": validate(load(args.out), args.corpus)}))
     return 0
 

@@ -179,3 +179,27 @@ def test_validation_tails_are_cut_from_training_and_never_reserved():
         assert all(a.size == h for a in acts) and acts[-1][-1] == s[-1]
         assert kept.size == hists[0].size and kept[-1] < acts[0][0]  # the scored points are not in training
     assert train[-1].size == 50
+
+
+def _periods(rows):
+    z, obs, _, _ = pretrained.normalise(pretrained.left_pad(rows, 512), 512)
+    return pretrained.detect_period(torch.from_numpy(z).float(), torch.from_numpy(obs).float()).tolist()
+
+
+def test_seasonal_path_detects_periods_and_starts_as_the_model_it_extends():
+    rng = np.random.default_rng(0)
+    t = np.arange(512)
+    day = np.sin(2 * np.pi * t / 24)
+    # a noisy daily cycle, the same on a trend, a short monthly season: the period; a random walk and white noise: 1
+    assert _periods([day + 0.3 * rng.standard_normal(512), day + 0.05 * t, np.sin(2 * np.pi * t[:40] / 12)]) == [
+        24, 24, 12]  # fmt: skip
+    assert _periods([np.cumsum(rng.standard_normal(512)) for _ in range(8)] + [rng.standard_normal(512)]) == [1] * 9
+    z = torch.arange(10.0)[None].repeat(2, 1)
+    assert pretrained.seasonal_continuation(z, torch.tensor([3, 1]), 5).tolist() == [[7, 8, 9, 7, 8], [9] * 5]
+    # the path added to a model without it computes what that model computed until it is trained
+    torch.manual_seed(0)
+    old = pretrained.PatchForecaster(pretrained.PatchConfig(d_model=16, layers=1))
+    new = old.add_seasonal_path()
+    series = [day[:300] * 5 + 20, np.cumsum(rng.standard_normal(200))]
+    assert new.cfg.seasonal and not old.cfg.seasonal
+    assert np.array_equal(predict(old, series, 24)[1], predict(new, series, 24)[1])
