@@ -163,7 +163,9 @@ class PatchForecaster(nn.Module):
         return new
 
 
-def detect_period(z: torch.Tensor, observed: torch.Tensor, min_corr: float = 0.2, min_rise: float = 0.2) -> torch.Tensor:
+def detect_period(
+    z: torch.Tensor, observed: torch.Tensor, min_corr: float = 0.2, min_rise: float = 0.2
+) -> torch.Tensor:
     """Each row's dominant period ``[B]`` (long), from the autocorrelation of the observed values less their linear
     trend: local maxima between lag 2 and a third of the observed length that reach ``min_corr`` and rise at least
     ``min_rise`` above the lowest autocorrelation at a shorter lag (a random walk's slow decay has no such rise);
@@ -538,8 +540,12 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (cosine to a tenth of it)")
     ap.add_argument("--synth", type=float, default=0.3, help="share of KernelSynth windows")
     ap.add_argument("--group-power", type=float, default=0.5, help="source group weight = points ** this")
-    ap.add_argument("--no-seasonal", dest="seasonal", action="store_false",
-                    help="without the explicit seasonal path (PatchConfig.seasonal): the architecture of older weights")
+    ap.add_argument(
+        "--no-seasonal",
+        dest="seasonal",
+        action="store_false",
+        help="without the explicit seasonal path (PatchConfig.seasonal): the architecture of older weights",
+    )
     ap.add_argument("--validate", default=None, metavar="WEIGHTS",
                     help="only score WEIGHTS on the held-out training-source tails (VALIDATION) and exit")  # fmt: skip
     args = ap.parse_args()
