@@ -219,22 +219,22 @@ class BackendRow(Row):
 
 
 class EqFinderRow(BackendRow):
-    """``parsing.eqfinder`` on every page's pixels (rendered at 150 dpi): display equations only."""
+    """``parsing.eqfinder`` on every page's pixels (the detector's render): display equations only."""
 
     def __init__(self) -> None:
         self.name = "eqfinder"
 
     def open(self, files: list[Path]) -> None:
-        from parsing.eqfinder import load
+        from parsing.eqfinder import detector, load
 
         self.files = files
-        self.model = load()
+        self.model, self.yolo = load(), detector()
 
     def boxes(self, f: Path, doc) -> Iterator[tuple[int, str, tuple, float | None]]:
         from parsing.eqfinder import find_on_page
 
         for page in doc:
-            for box, sc in find_on_page(page, self.model):
+            for box, sc in find_on_page(page, self.model, self.yolo):
                 yield page.number, "equation", box, sc
 
 
