@@ -48,7 +48,7 @@ def run_sft(args: argparse.Namespace) -> int:
     if args.nproc > 1 and "RANK" not in os.environ:
         return _launch(args)
     from posttrain.sft import train
-    from pretrain.train import init_distributed, prepare_env
+    from pretrain.train import init_distributed, prepare_env, shutdown_distributed
 
     prepare_env()
     try:
@@ -56,6 +56,8 @@ def run_sft(args: argparse.Namespace) -> int:
     except ValueError as e:  # refused before training: no usable row, image rows for a text-only model
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched rank (its own process) leaves the group with the
+        shutdown_distributed()  # others: a live gloo group can abort a finished rank; in process, DeepSpeed keeps it
     if rows and int(os.environ.get("RANK", "0")) == 0:
         print(f"step {rows[-1]['step']}: loss {rows[-1]['loss']:.4f}, policy at {args.out}/policy")
     return 0
