@@ -65,8 +65,8 @@ class PatchConfig:
     """A linear map from the whole normalised context straight to the output, added to the Transformer's: it
     learns lag structure (a season's copy) in a few hundred steps, where attention alone needs thousands."""
     seasonal: bool = False
-    """An explicit seasonal path: each context's period is detected from the autocorrelation of its differences
-    (``detect_period``), the seasonal-naive continuation of the context (its last period repeated) is embedded into
+    """An explicit seasonal path: each context's period is detected from the autocorrelation of its detrended
+    values (``detect_period``), the seasonal-naive continuation of the context (its last period repeated) is embedded into
     the query tokens and fed to the linear skip, so a daily cycle of hourly data is copied at any phase without
     the model having to find the lag itself. False in weights trained before it (they load unchanged)."""
 
@@ -504,7 +504,9 @@ def pretrain_default(
     """The recipe of the shipped weights: KernelSynth ``synth`` (30 %), TSMixup 20 %, the rest real series (source
     groups weighted by the square root of their points) minus the validation tails (``VALIDATION``), batch 96, lr
     ``lr`` cosine to lr/10, ``minutes`` of wall time (one torch thread: on a shared 2-core machine two threads were
-    9x slower per step). ``init``: continue from a weights file (a new warm-up and cosine) instead of from scratch."""
+    9x slower per step). ``init``: continue from a weights file (a new warm-up and cosine) instead of from scratch.
+    ``seasonal``: with the explicit seasonal path (added zero-initialised to ``init`` weights that lack it); the
+    shipped weights are a ``seasonal=False`` run of 40 minutes continued 35 minutes with it (module docstring)."""
     from pretrain.timeseries.corpus import load as load_corpus
 
     series, sources = load_corpus(corpus)
