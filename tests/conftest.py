@@ -29,6 +29,23 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(write_tiny_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer"))
 
 
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(``scifolio models tiny`` dir, ``scifolio build`` output of the generated PDFs), both written through the CLI
+    once for the session; the chain tests read them and write only into their own directories."""
+    from tests.pipelines.pdfs import write_corpus
+    from tests.test_chain import scifolio
+
+    root = tmp_path_factory.mktemp("tiny_build")
+    tiny, out, pdfs = root / "tiny", root / "out", write_corpus(root / "pdfs")
+    scifolio("models", "tiny", str(tiny))
+    scifolio(
+        "build", str(pdfs), "--out", str(out), "--tokenizer", str(tiny / "tokenizer"), "--backend", "pymupdf",
+        "--max-tokens", "256", "--overlap", "16", "--page-renders", "--no-progress", "--max-error-rate", "1",
+    )  # fmt: skip
+    return tiny, out
+
+
 def needs_loopback_namespace(what: str = "c10d's TCP store"):
     """Skip marker for tests whose servers bind every interface (``what`` names them)."""
     return pytest.mark.skipif(

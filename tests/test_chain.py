@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipelines.pdfs import write_corpus
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -35,17 +33,12 @@ def scifolio(*args: str, timeout: int = 900) -> str:
 
 @pytest.mark.slow
 @pytest.mark.integration  # the deepspeed launcher
-def test_build_index_weights_pretrain_chain(tmp_path: Path):
+def test_build_index_weights_pretrain_chain(tmp_path: Path, tiny_build: tuple[Path, Path]):
     from formats.shards import ShardFile, list_shards
     from formats.weights import DrawWeights, SampleWeights
     from pretrain.data import ShardIndex
 
-    tiny, out, pdfs = tmp_path / "tiny", tmp_path / "out", write_corpus(tmp_path / "pdfs")
-    scifolio("models", "tiny", str(tiny))
-    scifolio(
-        "build", str(pdfs), "--out", str(out), "--tokenizer", str(tiny / "tokenizer"), "--backend", "pymupdf",
-        "--max-tokens", "256", "--overlap", "16", "--page-renders", "--no-progress", "--max-error-rate", "1",
-    )  # fmt: skip
+    tiny, out = tiny_build  # models tiny → build, through the CLI (tests/conftest.py)
     clip = str(tiny / "retrieval" / "clip")
     uri = str(tmp_path / "index.db")
     scifolio("index", "build", "--shards", str(out), "--uri", uri, "--collections", "2", "--embed-model", clip)

@@ -11,20 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipelines.pdfs import write_corpus
 from tests.posttrain.sft_data import chat_rows, write_jsonl
 from tests.test_chain import scifolio
 
 
 @pytest.mark.slow
 @pytest.mark.integration  # the deepspeed launcher
-def test_whole_lifecycle_through_the_cli(tmp_path: Path) -> None:
-    tiny, out, pdfs = tmp_path / "tiny", tmp_path / "out", write_corpus(tmp_path / "pdfs")
-    scifolio("models", "tiny", str(tiny))
-    scifolio(
-        "build", str(pdfs), "--out", str(out), "--tokenizer", str(tiny / "tokenizer"), "--backend", "pymupdf",
-        "--max-tokens", "256", "--overlap", "16", "--page-renders", "--no-progress", "--max-error-rate", "1",
-    )  # fmt: skip
+def test_whole_lifecycle_through_the_cli(tmp_path: Path, tiny_build: tuple[Path, Path]) -> None:
+    tiny, out = tiny_build  # models tiny → build, through the CLI (tests/conftest.py)
     run, base = tmp_path / "pretrain", tmp_path / "base"
     scifolio(
         "pretrain", "--config", "debug", "--shards", str(out), "--models", str(tiny), "--out", str(run),
