@@ -176,7 +176,9 @@ def _assistant_loss(policy: Path, data: Path, tok) -> float:
 
 
 @pytest.mark.slow
-def test_sft_memorises_32_rows_and_only_assistant_tokens_get_gradient(lm, tok, tmp_path, capsys) -> None:
+def test_sft_memorises_32_rows_and_only_assistant_tokens_get_gradient(
+    lm, tok, tmp_path, capsys, one_torch_thread
+) -> None:
     from transformers import AutoModelForCausalLM
 
     from pipelines.cli import main
