@@ -66,6 +66,16 @@ def in_loopback_namespace() -> bool:
     return [name for _, name in socket.if_nameindex()] == ["lo"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def torch_on_one_thread():
+    """The whole session runs torch in process on one intra-op thread: tiny models on a 2-core machine run faster
+    on one (200 DeepSpeed SFT steps: 18 s against 35 s on two), and every test, and every module fixture, sees the
+    same count whatever ran before it. Subprocesses keep torch's default."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture
 def one_torch_thread():
     """Tiny models on a shared 2-core machine: one intra-op thread (two spin against other processes)."""
