@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import time
 
 import torch
@@ -156,6 +157,7 @@ def main() -> None:
     ap.add_argument("--check-samples", type=int, default=800)
     ap.add_argument("--json", default=None, help="--model: write the results here")
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # a 15-min run logged to a file shows its progress as it goes
     torch.set_num_threads(args.threads)
     if args.model:
         return real_main(args)
