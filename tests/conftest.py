@@ -78,7 +78,8 @@ def torch_on_one_thread():
 
 @pytest.fixture
 def one_torch_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread (two spin against other processes)."""
+    """One intra-op thread for this test, and whatever count the test itself sets is undone after it (the session
+    already starts on one: ``torch_on_one_thread``)."""
     import torch
 
     n = torch.get_num_threads()

@@ -176,9 +176,7 @@ def _assistant_loss(policy: Path, data: Path, tok) -> float:
 
 
 @pytest.mark.slow
-def test_sft_memorises_32_rows_and_only_assistant_tokens_get_gradient(
-    lm, tok, tmp_path, capsys, one_torch_thread
-) -> None:
+def test_sft_memorises_32_rows_and_only_assistant_tokens_get_gradient(lm, tok, tmp_path, capsys) -> None:
     from transformers import AutoModelForCausalLM
 
     from pipelines.cli import main
