@@ -65,11 +65,8 @@ def countdown_rows(n_rows: int, seed: int = 0, max_start: int = 9, alpha: float 
     rng = random.Random(seed)
     starts = list(range(1, max_start + 1))
     weights = [k**-alpha for k in starts]
-    rows = []
-    for i in range(n_rows):
-        n = rng.choices(starts, weights)[0]
-        rows.append({"id": f"countdown-{i}", "prompt": f"{n}:", "answer": countdown_answer(n)})
-    return rows
+    picks = rng.choices(starts, weights, k=n_rows)  # the same draws as one choices() call per row
+    return [{"id": f"countdown-{i}", "prompt": f"{n}:", "answer": countdown_answer(n)} for i, n in enumerate(picks)]
 
 
 def arithmetic_rows(n_rows: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
@@ -87,22 +84,23 @@ def arithmetic_rows(n_rows: int, seed: int = 0, split: str = "train") -> list[di
                 summands[-1] *= t
             else:
                 summands.append(t if o == "+" else -t)
-        answer = sum(summands)
-        question = f"What is {expr}? Reply with the integer only."
-        rows.append(
-            {"id": f"arith-{split}-{i}", "messages": [{"role": "user", "content": question}], "answer": str(answer)}
-        )
+        question = {"role": "user", "content": f"What is {expr}? Reply with the integer only."}
+        rows.append({"id": f"arith-{split}-{i}", "messages": [question], "answer": str(sum(summands))})
     return rows
 
 
 def write_small_data(out: str | Path, n_train: int = 512, n_test: int = 128) -> list[Path]:
     """``out/train.jsonl`` and ``out/test.jsonl``: the ``small`` recipes' arithmetic sets (``arithmetic_rows``)."""
-    paths = []
-    for split, n in (("train", n_train), ("test", n_test)):
-        path = Path(out) / f"{split}.jsonl"
-        fs.write_jsonl(path, arithmetic_rows(n, split=split))
-        paths.append(path)
-    return paths
+    return _write_sets(
+        out, {split: arithmetic_rows(n, split=split) for split, n in (("train", n_train), ("test", n_test))}
+    )
+
+
+def _write_sets(out: str | Path, sets: dict[str, list[dict[str, Any]]]) -> list[Path]:
+    """``out/NAME.jsonl`` for each named set, in order; their paths."""
+    for name, rows in sets.items():
+        fs.write_jsonl(Path(out) / f"{name}.jsonl", rows)
+    return [Path(out) / f"{name}.jsonl" for name in sets]
 
 
 SMOL_DATA = SMALL_DATA.parent / "smol"
@@ -136,14 +134,8 @@ def smol_rows(n_rows: int, split: str, seen: set[tuple[int, str, int]] | None = 
         answer = a + b if o == "+" else a - b if o == "-" else a * b
         sym = "×" if o == "*" and split == "phrasings" else o
         q = rng.choice(_SMOL_PHRASINGS) if split == "phrasings" else _SMOL_ASK
-        content = q.format(a=a, o=sym, b=b)
-        rows.append(
-            {
-                "id": f"smol-{split}-{len(rows)}",
-                "messages": [{"role": "user", "content": content}],
-                "answer": str(answer),
-            }
-        )
+        message = {"role": "user", "content": q.format(a=a, o=sym, b=b)}
+        rows.append({"id": f"smol-{split}-{len(rows)}", "messages": [message], "answer": str(answer)})
     return rows
 
 
@@ -153,12 +145,7 @@ def write_smol_data(out: str | Path, n_train: int = 256, n_test: int = 64) -> li
     drawn: set[tuple[int, str, int]] = set()
     train = smol_rows(n_train, "train", drawn)
     sets = {"train": train, "test": smol_rows(n_test, "test", drawn), "test-phrasings": smol_rows(n_test, "phrasings")}
-    paths = []
-    for name, rows in sets.items():
-        path = Path(out) / f"{name}.jsonl"
-        fs.write_jsonl(path, rows)
-        paths.append(path)
-    return paths
+    return _write_sets(out, sets)
 
 
 def encode_prompt(
