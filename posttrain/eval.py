@@ -46,10 +46,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
         raise ValueError(f"pass@{k} needs at least {k} samples per problem, got n={n}")
     if n - c < k:
         return 1.0
-    prod = 1.0
-    for i in range(n - c + 1, n + 1):
-        prod *= 1.0 - k / i
-    return 1.0 - prod
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 # --- tasks -------------------------------------------------------------------------------------------------------
@@ -228,23 +225,23 @@ def evaluate(
     images fail are skipped (``skipped``: id and reason each)."""
     from posttrain.fit import progress_bar
 
-    for k in ks:
-        if k > n:
-            raise ValueError(f"pass@{k} needs --n ≥ {k}")
+    if too_big := [k for k in ks if k > n]:
+        raise ValueError(f"pass@{too_big[0]} needs --n ≥ {too_big[0]}")
     prompts, skipped = encode_prompts(task, tokenizer, processor)
     if not prompts:
         raise ValueError(f"no problem left to sample: {len(skipped)} skipped ({skipped[:3]})")
     bar = progress_bar(repeats * n * len(prompts), progress, unit="sample")
-    runs = []
-    for r in range(repeats):
-        results = sample(make_engine(), tokenizer, task, n, temperature, top_p, seed + r, bar.update, prompts)
-        runs.append({"summary": summarise(results, ks), "problems": [_problem_json(p, ks) for p in results]})
+    runs = [
+        sample(make_engine(), tokenizer, task, n, temperature, top_p, seed + r, bar.update, prompts)
+        for r in range(repeats)
+    ]
     bar.close()
     return _over_runs(runs, n, ks, len(prompts)) | {"skipped": skipped}
 
 
-def _over_runs(runs: list[dict[str, Any]], n: int, ks: Sequence[int], problems: int) -> dict[str, Any]:
-    """The summary over ``runs``: each pass@k's mean over runs and (``_std``) its spread."""
+def _over_runs(results: list[list[ProblemResult]], n: int, ks: Sequence[int], problems: int) -> dict[str, Any]:
+    """Each run's summary and problems, and over the runs each pass@k's mean and (``_std``) its spread."""
+    runs = [{"summary": summarise(rs, ks), "problems": [_problem_json(p, ks) for p in rs]} for rs in results]
     out: dict[str, Any] = {"n": n, "k": list(ks), "repeats": len(runs), "problems_count": problems}
     for k in ks:
         vals = [run["summary"][f"pass@{k}"] for run in runs]
@@ -265,7 +262,6 @@ def evaluate_agentic(
     max_turns: int = 6,
     max_tokens: int = 192,
     seed: int = 0,
-    sandbox: Any = None,
     on_session: Callable[[str, Any], None] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -278,14 +274,11 @@ def evaluate_agentic(
     import tempfile
 
     from posttrain.agentic.gateway import Gateway, GatewayConfig, ServerThread, build_app
-    from posttrain.agentic.jail import SandboxConfig
     from posttrain.agentic.tasks import INFRA, PASS, SimpleHarness, coding_tasks, verify
     from posttrain.fit import progress_bar
 
-    for k in ks:
-        if k > n:
-            raise ValueError(f"pass@{k} needs --n ≥ {k}")
-    sandbox = sandbox or SandboxConfig()
+    if too_big := [k for k in ks if k > n]:
+        raise ValueError(f"pass@{too_big[0]} needs --n ≥ {too_big[0]}")
     family = coding_tasks()[:tasks]
     bar = progress_bar(repeats * n * len(family), progress, unit="session")
     runs, infra = [], 0
@@ -301,14 +294,13 @@ def evaluate_agentic(
                         on_session(session, task)
                     with tempfile.TemporaryDirectory() as tmp:
                         work = task.setup(Path(tmp))
-                        harness = SimpleHarness(url + "/v1", session, max_turns=max_turns, sandbox=sandbox)
-                        run = harness.run(task.objective, work)
-                        verdict = verify(task, work, sandbox=sandbox)
+                        run = SimpleHarness(url + "/v1", session, max_turns=max_turns).run(task.objective, work)
+                        verdict = verify(task, work)
                     infra += verdict.status == INFRA
                     res.samples.append(Sample(run.final_text, run.stopped_by == "answer", verdict.status == PASS))
                     bar.update(1)
                 results.append(res)
-        runs.append({"summary": summarise(results, ks), "problems": [_problem_json(p, ks) for p in results]})
+        runs.append(results)
     bar.close()
     return _over_runs(runs, n, ks, len(family)) | {"infra": infra}
 
