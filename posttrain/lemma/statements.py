@@ -59,7 +59,6 @@ MAX_RANGE = 5000
 
 _NAME = re.compile(r"[A-Za-z_]+")
 _ALLOWED_CHARS = re.compile(r"[A-Za-z_0-9+\-*/^().,\s]*")
-_RELATIONS = ("<=", ">=", "<", ">")
 
 
 @dataclass(frozen=True)
@@ -187,18 +186,15 @@ def _closed_integer(e: Any) -> Any:
     return e
 
 
-def _split_relation(body: str) -> tuple[str, str, str]:
-    for op in _RELATIONS:
-        if op in body:
-            lhs, _, rhs = body.partition(op)
-            return lhs, op, rhs
-    raise StatementError("expected one of <, <=, >, >=")
-
-
-def _relation(lhs: Any, op: str, rhs: Any) -> Any:
+def _condition(body: str) -> Any:
+    """``A op B`` as a sympy relation, ``op`` the first of ``<= >= < >`` that ``body`` holds."""
     import sympy
 
-    return {"<": sympy.Lt, "<=": sympy.Le, ">": sympy.Gt, ">=": sympy.Ge}[op](lhs, rhs)
+    for op, relation in (("<=", sympy.Le), (">=", sympy.Ge), ("<", sympy.Lt), (">", sympy.Gt)):
+        if op in body:
+            lhs, _, rhs = body.partition(op)
+            return relation(parse_expression(lhs), parse_expression(rhs))
+    raise StatementError("expected one of <, <=, >, >=")
 
 
 def _one_symbol(name: str) -> Any:
@@ -270,8 +266,7 @@ def _decide(statement: str) -> bool:
         if not m2:
             raise StatementError("expected 'ineq x in [a, b]:' or 'ineq n in {a..b}:'")
         x, rng = _one_symbol(m2.group(1)), m2.group(2).strip()
-        lhs, op, rhs = _split_relation(body)
-        cond = _relation(parse_expression(lhs), op, parse_expression(rhs))
+        cond = _condition(body)
         if m3 := re.fullmatch(r"\{(.+)\.\.(.+)\}", rng):
             lo, hi = (_closed_integer(parse_expression(v)) for v in m3.groups())
             if hi - lo > MAX_RANGE:
@@ -291,8 +286,7 @@ def _decide(statement: str) -> bool:
         raise StatementError("expected 'least t >= a: A >= B -> v'")
     t, lo = _one_symbol(m2.group(1)), _closed_integer(parse_expression(m2.group(2)))
     v = _closed_integer(parse_expression(v_text))
-    lhs, op, rhs = _split_relation(cond_text)
-    cond = _relation(parse_expression(lhs), op, parse_expression(rhs))
+    cond = _condition(cond_text)
     if v < lo or v - lo > MAX_RANGE:
         raise StatementError(f"least value outside [{lo}, {lo} + {MAX_RANGE}]")
     return bool(cond.subs(t, v)) and not any(bool(cond.subs(t, k)) for k in range(int(lo), int(v)))
