@@ -290,24 +290,16 @@ class Gateway:
         body, calls, well_formed = parse_output(content, "stop" if finish == "abort" else finish, call.call_id)
         if calls and finish != "abort":
             finish = "tool_calls"
-        session = call.request.group_id
+        meta = {
+            "request_id": call.request.request_id,
+            "well_formed": well_formed,
+            "tools": [t["function"]["name"] for t in call.conv.tools],
+            "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls],
+            "images": call.images,
+        }
+        session, parent = call.request.group_id, call.match.node
         self.store.record_call(
-            call.call_id,
-            session,
-            call.match.node,
-            call.delta,
-            resp_text,
-            traj,
-            finish,
-            call.protocol,
-            meta={
-                "request_id": call.request.request_id,
-                "well_formed": well_formed,
-                "tools": [t["function"]["name"] for t in call.conv.tools],
-                "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls],
-                "images": call.images,
-            },
-            fork=call.match.fork,
+            call.call_id, session, parent, call.delta, resp_text, traj, finish, call.protocol, meta, call.match.fork
         )
         n_prompt = len(call.request.prompt_ids)
         return Generation(body, calls, finish, n_prompt, len(out_ids), well_formed, call.call_id)
@@ -411,17 +403,13 @@ def build_app(gateway: Gateway):
 def load_model_gateway(model: str, config: GatewayConfig = GatewayConfig(), capacity: int = 16) -> Gateway:
     """A gateway over ``HFEngine`` for a Hugging Face name or local dir (tokenizer with a chat template); a
     vision-language model (``pretrain export --vlm``) takes image parts through its processor."""
-    from posttrain.rl.engines import PolicyConfig, build_policy
+    from posttrain.rl.engines import PolicyConfig, build_policy, load_processor
     from posttrain.rollout.engines.hf import HFEngine
 
     lm, tok = build_policy(PolicyConfig(path=model))  # the one policy loader
     if not tok.chat_template:
         raise ValueError(f"{model}: the tokenizer has no chat template; the gateway cannot render conversations")
-    processor = None
-    if hasattr(lm.config, "vision_config"):
-        from transformers import AutoProcessor
-
-        processor = AutoProcessor.from_pretrained(model)
+    processor = load_processor(PolicyConfig(path=model))
     return Gateway(HFEngine(lm.eval(), capacity=capacity), tok, config, processor=processor)
 
 

@@ -273,10 +273,8 @@ def build_fused(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
     m = cfg.memdec
     refusal = "the fused engine with a policy.path needs memdec.memory (a trained memory directory)"
     memory = _side_model(cfg, policy, m.memory, refusal, max(8, cfg.policy.hidden_size // 2 // 8 * 8), 2)
-    if m.router is not None:
-        router = load_router(m.router)
-    else:
-        router = Router(RouterConfig(policy.config.hidden_size, memory.config.hidden_size))
+    widths = (policy.config.hidden_size, memory.config.hidden_size)
+    router = Router(RouterConfig(*widths)) if m.router is None else load_router(m.router)
     return FusedLM(policy, memory, router)
 
 
@@ -294,11 +292,12 @@ class EngineFactory:
         if kind == "scripted":
             from posttrain.rollout.engines.scripted import ScriptedEngine
 
-            vocab = build_policy(cfg.policy)[0].config.vocab_size if cfg.policy.path is None else None
-            if vocab is None:
-                from transformers import AutoConfig
+            from transformers import AutoConfig
 
-                vocab = AutoConfig.from_pretrained(cfg.policy.path).vocab_size
+            path = cfg.policy.path
+            vocab = (
+                AutoConfig.from_pretrained(path).vocab_size if path else build_policy(cfg.policy)[0].config.vocab_size
+            )
             return ScriptedEngine(capacity=self.capacity, version=self.version, vocab=vocab)
         if kind == "vllm":
             from posttrain.rollout.engines.vllm import VLLMConfig, VLLMEngine
