@@ -503,7 +503,7 @@ def _save_policy(engine: Any, tokenizer: Any, path: Path, stage: int, rank: int)
 def _report_skipped(run: Path, skipped: list[dict[str, Any]], kept: int) -> None:
     from formats import fs
 
-    fs.write_text(run / "skipped.jsonl", "".join(json.dumps(s) + "\n" for s in skipped))
+    fs.write_jsonl(run / "skipped.jsonl", skipped)
     if skipped:
         reasons = Counter(s["reason"].split(":")[0] for s in skipped)
         detail = ", ".join(f"{n} {r}" for r, n in reasons.most_common())

@@ -14,7 +14,6 @@ checkpoint and a resume trims rows newer than it, so a kill -9 anywhere loses no
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -176,7 +175,7 @@ def run_stage(
             stage.load_state_dict(state["stage"])
             run_dir.trim(start)
         run_dir.write_config(stage.config())
-        fs.write_text(run_dir.path / "skipped.jsonl", "".join(json.dumps(s) + "\n" for s in stage.skipped))
+        fs.write_jsonl(run_dir.path / "skipped.jsonl", stage.skipped)
         if not resume and (warm := warm_up(stage)) is not None:
             run_dir.log({"step": 0, **warm})
         bar = progress_bar(stage.steps, progress, initial=start, desc=stage.name, unit="step")
