@@ -171,19 +171,11 @@ class FusedLM(torch.nn.Module):
         from posttrain.rollout.engines.hf import cache_of
 
         kv = [] if cache is None or cache.get_seq_length() == 0 else [(la.keys, la.values) for la in cache.layers]
-        outs = []
-        for model, part in ((self.base, kv[: self.n_base_layers]), (self.memory, kv[self.n_base_layers :])):
-            outs.append(
-                model(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    position_ids=position_ids,
-                    cache=cache_of(model.config, part),
-                    use_cache=True,
-                    output_hidden_states=True,
-                )
-            )
-        ob, om = outs
+        kw = {"attention_mask": attention_mask, "position_ids": position_ids, "use_cache": True}
+        ob, om = (
+            model(input_ids=input_ids, cache=cache_of(model.config, part), output_hidden_states=True, **kw)
+            for model, part in ((self.base, kv[: self.n_base_layers]), (self.memory, kv[self.n_base_layers :]))
+        )
         shape = ob.logits.shape
         p_base = torch.softmax(ob.logits.float(), -1).reshape(-1, shape[-1])
         p_mem = torch.softmax(om.logits.float(), -1).reshape(-1, shape[-1])
