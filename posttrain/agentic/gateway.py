@@ -319,10 +319,7 @@ def session_of(headers: Any, sid: str | None) -> str:
     auth = headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
-    key = headers.get("x-api-key")
-    if key:
-        return key.strip()
-    return "anonymous"
+    return key.strip() if (key := headers.get("x-api-key")) else "anonymous"
 
 
 def build_app(gateway: Gateway):

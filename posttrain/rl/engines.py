@@ -290,9 +290,9 @@ class EngineFactory:
     def __call__(self) -> RolloutEngine:
         cfg, kind = self.cfg, self.cfg.engine.kind
         if kind == "scripted":
-            from posttrain.rollout.engines.scripted import ScriptedEngine
-
             from transformers import AutoConfig
+
+            from posttrain.rollout.engines.scripted import ScriptedEngine
 
             path = cfg.policy.path
             vocab = (

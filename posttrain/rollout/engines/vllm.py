@@ -55,14 +55,6 @@ _FINISH = {"stop": FINISH_STOP, "length": FINISH_LENGTH}
 """vLLM finish_reason → ours; "abort" (our own pause/abort) leaves the trajectory unfinished."""
 
 
-def _import_vllm():
-    try:
-        import vllm
-    except ImportError as e:  # a clear error, never a silent fallback to another engine
-        raise ImportError("VLLMEngine needs vLLM on a GPU machine: pip install vllm") from e
-    return vllm
-
-
 # -- pure mapping: our request → vLLM ---------------------------------------------------------------------------
 
 
@@ -310,7 +302,10 @@ class VLLMApi:
 
 
 def real_vllm_api(config: VLLMConfig) -> VLLMApi:
-    vllm = _import_vllm()
+    try:
+        import vllm
+    except ImportError as e:  # a clear error, never a silent fallback to another engine
+        raise ImportError("VLLMEngine needs vLLM on a GPU machine: pip install vllm") from e
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
