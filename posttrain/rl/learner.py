@@ -186,9 +186,7 @@ class Learner:
             fit.schedule(o, self.total_updates, config.schedule, config.min_lr_ratio, config.warmup_steps)
             for o in self.optimizers
         ]
-        self.reference = None
-        if config.kl_beta > 0:
-            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if config.kl_beta > 0 else None
 
     def weights(self) -> dict[str, Tensor]:
         """The state the engine loads (detached copies, so later steps cannot change it in place)."""
