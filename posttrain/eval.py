@@ -225,8 +225,7 @@ def evaluate(
     images fail are skipped (``skipped``: id and reason each)."""
     from posttrain.fit import progress_bar
 
-    if too_big := [k for k in ks if k > n]:
-        raise ValueError(f"pass@{too_big[0]} needs --n ≥ {too_big[0]}")
+    _check_ks(ks, n)
     prompts, skipped = encode_prompts(task, tokenizer, processor)
     if not prompts:
         raise ValueError(f"no problem left to sample: {len(skipped)} skipped ({skipped[:3]})")
@@ -237,6 +236,13 @@ def evaluate(
     ]
     bar.close()
     return _over_runs(runs, n, ks, len(prompts)) | {"skipped": skipped}
+
+
+def _check_ks(ks: Sequence[int], n: int) -> None:
+    """Refuse a pass@k that ``n`` samples per problem cannot give, before any sampling."""
+    for k in ks:
+        if k > n:
+            raise ValueError(f"pass@{k} needs --n ≥ {k}")
 
 
 def _over_runs(results: list[list[ProblemResult]], n: int, ks: Sequence[int], problems: int) -> dict[str, Any]:
@@ -277,8 +283,7 @@ def evaluate_agentic(
     from posttrain.agentic.tasks import INFRA, PASS, SimpleHarness, coding_tasks, verify
     from posttrain.fit import progress_bar
 
-    if too_big := [k for k in ks if k > n]:
-        raise ValueError(f"pass@{too_big[0]} needs --n ≥ {too_big[0]}")
+    _check_ks(ks, n)
     family = coding_tasks()[:tasks]
     bar = progress_bar(repeats * n * len(family), progress, unit="session")
     runs, infra = [], 0

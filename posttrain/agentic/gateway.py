@@ -297,9 +297,17 @@ class Gateway:
             "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls],
             "images": call.images,
         }
-        session, parent = call.request.group_id, call.match.node
         self.store.record_call(
-            call.call_id, session, parent, call.delta, resp_text, traj, finish, call.protocol, meta, call.match.fork
+            call.call_id,
+            call.request.group_id,
+            call.match.node,
+            call.delta,
+            resp_text,
+            traj,
+            finish,
+            call.protocol,
+            meta=meta,
+            fork=call.match.fork,
         )
         n_prompt = len(call.request.prompt_ids)
         return Generation(body, calls, finish, n_prompt, len(out_ids), well_formed, call.call_id)
@@ -403,10 +411,11 @@ def load_model_gateway(model: str, config: GatewayConfig = GatewayConfig(), capa
     from posttrain.rl.engines import PolicyConfig, build_policy, load_processor
     from posttrain.rollout.engines.hf import HFEngine
 
-    lm, tok = build_policy(PolicyConfig(path=model))  # the one policy loader
+    policy = PolicyConfig(path=model)
+    lm, tok = build_policy(policy)  # the one policy loader
     if not tok.chat_template:
         raise ValueError(f"{model}: the tokenizer has no chat template; the gateway cannot render conversations")
-    processor = load_processor(PolicyConfig(path=model))
+    processor = load_processor(policy)
     return Gateway(HFEngine(lm.eval(), capacity=capacity), tok, config, processor=processor)
 
 
