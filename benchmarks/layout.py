@@ -5,6 +5,8 @@ leave-one-file-out; the same rows on generated pages, digital and scanned copies
     python benchmarks/layout.py ../shared/devset --fit [-v] [--only fused,rules,yolo] [--draw /tmp/layout]
     python benchmarks/layout.py --synthetic 40 --only fused,rules,yolo
     python benchmarks/layout.py ../shared/devset --degraded --only fused,yolo   # scans of the dev set's pages
+    python benchmarks/layout.py ../shared/samples --labelled --degraded --only rules,yolo --fit
+                             # the fusion of scanned pages fitted on degraded copies against self-labels
 
 DIR holds ``pdfs/*.pdf`` and ``truth/*.json`` (``{"pdf": NAME, "pages": {"0": [{"kind", "bbox"}]}}``,
 PDF points, top-left origin, 0-based pages). A predicted box matches a reference box of the same kind
@@ -118,6 +120,42 @@ def score(refs: list[dict], preds: Preds, verbose: bool = False) -> dict[str, tu
 
 def load_refs(folder: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((folder / "truth").glob("*.json"))]
+
+
+def restrict(refs: list[dict], preds: Preds) -> Preds:
+    """Predictions limited to what the references can judge: a reference file with ``"kinds"`` (self-labelled
+    truth, complete only for those kinds) and ``"scored"`` (its pages with a text layer) counts nothing else."""
+    out: Preds = {}
+    for ref in refs:
+        pred = preds.get(ref["pdf"], {})
+        kinds, pages = ref.get("kinds", KINDS), ref.get("scored")
+        out[ref["pdf"]] = {
+            pg: [x for x in bs if x[0] in kinds] for pg, bs in pred.items() if pages is None or pg in pages
+        }
+    return out
+
+
+def write_labelled(pdf_dir: Path) -> Path:
+    """A temporary folder (pdfs/ + truth/) of ``pdf_dir``'s PDFs whose truth is their self-labels
+    (``parsing.selflabel``): display equations of every page with a text layer; the other kinds unlabelled."""
+    import shutil
+    import tempfile
+
+    from parsing.selflabel import label_pdf
+
+    out = Path(tempfile.mkdtemp(prefix="scifolio-labelled-"))
+    (out / "pdfs").mkdir()
+    (out / "truth").mkdir()
+    for f in sorted(pdf_dir.glob("*.pdf")):
+        shutil.copy(f, out / "pdfs" / f.name)
+        pages = {
+            str(i): [{"kind": lb.kind, "bbox": list(lb.bbox)} for lb in labels if lb.kind == "equation"]
+            for i, labels in label_pdf(f)
+            if labels is not None
+        }
+        ref = {"pdf": f.name, "pages": pages, "kinds": ["equation"], "scored": sorted(pages)}
+        (out / "truth" / f"{f.name}.json").write_text(json.dumps(ref))
+    return out
 
 
 # ---- runners: each returns (predictions, pages, seconds) -----------------------------------------------
@@ -324,7 +362,8 @@ def fit(refs: list[dict], dumps: dict[str, Preds], sources: tuple[str, ...]):
 
     files = [r["pdf"] for r in refs]
     chosen = {}
-    for kind in KINDS:
+    labelled = set().union(*(r.get("kinds", KINDS) for r in refs))
+    for kind in [k for k in KINDS if k in labelled]:  # a kind the truth does not label is not fitted
         best = None
         for wy in GRID_WEIGHT:
             for wp in GRID_PYMUPDF if "pymupdf" in sources else (0.0,):
@@ -338,7 +377,7 @@ def fit(refs: list[dict], dumps: dict[str, Preds], sources: tuple[str, ...]):
                             n: {pg: [x for x in bs if x[2] >= keep] for pg, bs in pages.items()}
                             for n, pages in fused.items()
                         }
-                        a, t, p = score(refs, kept)[kind]
+                        a, t, p = score(refs, restrict(refs, kept))[kind]
                         f1 = prf(a, t, p)[2]
                         dist = abs(math.log(wy)) + wp + abs(keep - DEFAULT_KEEP) + (box != "best")
                         key = (f1, -dist)
@@ -429,6 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=None, help="output folder of --self-label")
     ap.add_argument(
+        "--labelled",
+        action="store_true",
+        help="FOLDER is a folder of PDFs without truth/: score (and --fit) against their self-labels "
+        "(parsing.selflabel: display equations of the pages with a text layer; other kinds not scored)",
+    )
+    ap.add_argument(
         "--degraded",
         action="store_true",
         help="score degraded renders of FOLDER's PDFs instead (image-only pages: blur, noise, JPEG, "
@@ -444,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         write_synthetic(args.folder, args.synthetic, args.seed, scans=not args.no_scans)
     if args.folder is None:
         ap.error("give a folder or --synthetic N")
+    if args.labelled:
+        args.folder = write_labelled(args.folder)
     if args.degraded:
         args.folder = write_degraded(args.folder, args.seed)
     if not (args.folder / "truth").is_dir():
@@ -460,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     ran = run_rows([n for n in names if n not in loaded], files, args.draw, args.rounds)
     for name in names:
         d = loaded[name] if name in loaded else ran[name]
-        preds, pages, secs = d["preds"], d["pages"], d["secs"]
+        preds, pages, secs = restrict(refs, d["preds"]), d["pages"], d["secs"]
         dumped[name] = d
         if args.verbose:
             print(f"  {name}:")
@@ -476,10 +523,15 @@ def main(argv: list[str] | None = None) -> int:
             preds, per_file = lofo(refs, rows, sources)
             # pages/s of a fused parser: the sum of its parts' seconds (they run one after the other)
             secs = sum(dumped[s]["secs"] for s in sources)
-            results[name] = (score(refs, preds, args.verbose), dumped["rules"]["pages"], secs)
+            results[name] = (score(refs, restrict(refs, preds), args.verbose), dumped["rules"]["pages"], secs)
             for held, params in per_file.items():
                 print(f"  {name}, fitted without {held}: {describe(params)}")
             print(f"  {'+'.join(sources)} fitted on all files: {describe(fit(refs, rows, sources))}")
+            if sources == ("rules", "yolo"):  # the prior on the same boxes, beside the fit
+                from parsing.fusion import DEFAULT
+
+                prior = fuse_preds(rows, sources, DEFAULT, [r["pdf"] for r in refs])
+                results["prior rules+yolo"] = (score(refs, restrict(refs, prior)), dumped["rules"]["pages"], secs)
     print(f"{len(files)} PDFs, {results[next(iter(results))][1]} pages, IoU >= 0.5")
     print(table(results))
     if args.rounds > 1:

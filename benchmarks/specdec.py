@@ -150,6 +150,12 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=2048, help="--model: draft head over this many tokens (0: all)")
     ap.add_argument("--vocab-prompts", type=int, default=32, help="--model: train prompts that choose the draft vocab")
     ap.add_argument("--warm-epochs", type=int, default=0, help="--model: draft epochs on the plain train rollouts")
+    ap.add_argument(
+        "--warm-prompts",
+        type=int,
+        default=0,
+        help="--model: train prompts whose plain rollouts warm-start the draft (default: the --vocab-prompts ones)",
+    )
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="--model: timed batch sizes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep-k", type=int, nargs="*", default=[], help="--model: also time batch 1 at these K")
@@ -551,6 +557,9 @@ def real_main(args: argparse.Namespace) -> None:
     trainer = DraftTrainer(draft, cfg)
     t0 = time.perf_counter()
     if args.warm_epochs:
+        if args.warm_prompts > args.vocab_prompts:  # more plain rollouts (batched: cheap next to batch-1 decoding)
+            more = train[args.vocab_prompts : args.warm_prompts]
+            warm = warm + plain_rollouts(policy, more, args.train_tokens, args.seed + 2)
         loss = warm_start(trainer, policy, warm, args.warm_epochs)
         out["warm_start"] = {
             "rollouts": len(warm),

@@ -214,13 +214,14 @@ def fused_blocks(
     voters: Sequence[str],
     parser: str = "",
 ) -> list[Block]:
-    """The rules' blocks fused with the detectors' proposals (``parsing.fusion.FITTED``), the proposals first
+    """The rules' blocks fused with the detectors' proposals (``parsing.fusion.FITTED``; ``FITTED_SCAN`` on a page
+    the OCR backend parsed), the proposals first
     read against the text layer like the rules' own blocks (``postprocess.vet_proposals``). On a page the OCR
     backend parsed (``parser``), a box the backend missed takes the OCR text of the lines it covers (a scan's
     text layer is empty or its OCR layer, already in those lines), marked ``ocr`` on equations."""
     import pymupdf
 
-    from parsing.fusion import FITTED, fuse_blocks
+    from parsing.fusion import FITTED, FITTED_SCAN, fuse_blocks
     from parsing.geometry import containment
 
     def ocr_text_at(box: BBox) -> str:
@@ -231,7 +232,8 @@ def fused_blocks(
 
     ocr = parser in OCR_PARSERS
     text_at, text_from = (ocr_text_at, OCR_TEXT) if ocr else (layer_text_at, TEXT_LAYER_MATH)
-    return fuse_blocks(blocks, vet_proposals(page, proposals), FITTED, ["rules", *voters], text_at, text_from)
+    params = FITTED_SCAN if ocr else FITTED
+    return fuse_blocks(blocks, vet_proposals(page, proposals), params, ["rules", *voters], text_at, text_from)
 
 
 def _run_backend(

@@ -13,7 +13,8 @@ and the cluster is kept when ``conf >= keep``. Its box is the box of the highest
 (``box="best"``; the rules' boxes are already trimmed to ink) or the score-weighted mean of the members'
 coordinates (``box="mean"``, weighted box fusion). Per kind that is a handful of numbers (``KindParams``),
 fitted on the development set by leave-one-file-out in ``benchmarks/layout.py``; ``FITTED`` holds the fit
-on all files, which the parser uses. Pure Python (``fuse``; ``fuse_blocks`` applies it to a page's blocks): ``tests/parsing/test_fusion.py`` pins it by hand.
+on all files, which the parser uses on digital pages; ``FITTED_SCAN`` (on pages the OCR backend parsed) holds
+the equations' fit on degraded copies of the sample PDFs against their self-labels (``--labelled --degraded``). Pure Python (``fuse``; ``fuse_blocks`` applies it to a page's blocks): ``tests/parsing/test_fusion.py`` pins it by hand.
 """
 
 from __future__ import annotations
@@ -187,3 +188,17 @@ elsewhere (on five files the F1 surface is flat over wide ranges, so the prior d
 FITTED = DEFAULT
 """The parameters the parser uses: the fit on all five development files (``benchmarks/layout.py --fit``,
 sources rules + yolo) returned the prior for every kind, and so did each leave-one-file-out fold."""
+
+FITTED_SCAN = FusionParams(
+    {
+        "figure": FITTED.kinds["figure"],
+        "table": FITTED.kinds["table"],
+        "equation": _kp({"rules": 1.0, "yolo": 1.0}, 0.1, "best"),
+    }
+)
+"""The parameters for pages the OCR backend parsed (scans, no usable text layer). Equations: fitted on degraded
+image-only copies of the 9 sample PDFs against their self-labels (``parsing.selflabel``; 151 pages, 267 display
+equations, leave-one-document-out; ``python benchmarks/layout.py ../shared/samples --labelled --degraded --only
+rules,yolo --fit``): keep 0.1 at equal weights, i.e. every box either source proposes (the scan path's equation
+regions are few and the detector's formula boxes, floor 0.2, add the recall), where the prior keeps 0.4. Figures
+and tables keep ``FITTED``: self-labels do not mark every figure or any table, so their precision cannot be fitted there."""

@@ -85,3 +85,21 @@ def test_on_an_ocr_page_a_detected_equation_takes_the_ocr_text_it_covers():
         ("equation", "g(y) = 2 y", OCR_TEXT),
         ("text", "prose below", None),
     ]
+
+
+def test_scans_fuse_equations_with_their_own_fitted_parameters():
+    """Equations on a page the OCR backend parsed use ``FITTED_SCAN`` (fitted on degraded copies: every box either
+    source proposes), digital pages ``FITTED``: a detector formula box at score 0.3 is kept on a scan and dropped on
+    a digital page, where the prior wants 0.8 from one voter."""
+    import pymupdf
+
+    from parsing.core import fused_blocks
+    from parsing.fusion import FITTED, FITTED_SCAN
+
+    assert FITTED_SCAN.kinds["equation"] != FITTED.kinds["equation"]
+    assert FITTED_SCAN.kinds["figure"] == FITTED.kinds["figure"] and FITTED_SCAN.kinds["table"] == FITTED.kinds["table"]
+    page = pymupdf.open().new_page(width=612, height=792)
+    weak = [("yolo", Block("equation", (200, 300, 400, 330), score=0.3))]
+    on_scan = fused_blocks(page, [], weak, ("yolo",), "rapidocr")
+    assert [(b.kind, b.bbox, b.proposed_by) for b in on_scan] == [("equation", (200, 300, 400, 330), "yolo")]
+    assert fused_blocks(page, [], weak, ("yolo",), "mineru") == []

@@ -64,3 +64,36 @@ def test_same_matching_as_the_devset_score_py():
         assert bench.matches(truth, pred) == ref.matches(truth, pred)
         if truth and pred:
             assert bench.iou(truth[0], pred[-1]) == ref.iou(truth[0], pred[-1])
+
+
+def test_self_labelled_truth_scores_and_fits_only_what_it_labels(tmp_path):
+    """``--labelled``: the self-labeller writes the truth, the scorer reads it. Only display equations of pages
+    with a text layer are judged (the labeller marks some figures and no table, and nothing on a scan), so a
+    figure box or a box on an image-only page is neither a hit nor a false positive, and ``--fit`` fits equations
+    alone."""
+    import pymupdf
+
+    from tests.parsing.fixtures import _plot_png
+    from tests.parsing.test_selflabel import labelled_page
+
+    doc, _ = labelled_page()
+    scan = doc.new_page(width=612, height=792)
+    scan.insert_image(pymupdf.Rect(0, 0, 612, 792), stream=_plot_png(300, 400), keep_proportion=False)
+    (tmp_path / "a.pdf").write_bytes(doc.tobytes())
+    refs = bench.load_refs(bench.write_labelled(tmp_path))
+    assert [(r["pdf"], r["kinds"], r["scored"]) for r in refs] == [("a.pdf", ["equation"], ["0"])]
+    eqs = [b["bbox"] for b in refs[0]["pages"]["0"]]
+    assert len(eqs) == 2 and all(b["kind"] == "equation" for b in refs[0]["pages"]["0"])
+    preds = {
+        "a.pdf": {
+            "0": [("equation", eqs[0], 1.0), ("figure", [150, 400, 450, 580], 1.0)],
+            "1": [("equation", [100, 100, 300, 130], 0.9)],  # on the scan: not judged
+        }
+    }
+    s = bench.score(refs, bench.restrict(refs, preds))
+    assert s["equation"] == (1, 2, 1) and s["figure"] == (0, 0, 0) and s["micro"] == (1, 2, 1)
+    dumps = {"rules": preds, "yolo": {"a.pdf": {"0": [("equation", eqs[1], 0.6)]}}}
+    params = bench.fit(refs, dumps, ("rules", "yolo"))
+    assert list(params.kinds) == ["equation"]
+    fused = bench.fuse_preds(dumps, ("rules", "yolo"), params, ["a.pdf"])
+    assert bench.score(refs, bench.restrict(refs, fused))["equation"] == (2, 2, 2)
