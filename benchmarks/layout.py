@@ -371,13 +371,13 @@ def fit(refs: list[dict], dumps: dict[str, Preds], sources: tuple[str, ...]):
                     weights = {"rules": 1.0, "yolo": wy, "pymupdf": wp}
                     # one fusion per (weights, box) at keep 0: then every keep threshold is a filter
                     kp0 = KindParams(weights={k: v for k, v in weights.items() if k in sources}, keep=0.0, box=box)
-                    fused = fuse_preds(dumps, sources, FusionParams({kind: kp0}), files)
+                    fused = restrict(refs, fuse_preds(dumps, sources, FusionParams({kind: kp0}), files))
                     for keep in GRID_KEEP:
                         kept = {
                             n: {pg: [x for x in bs if x[2] >= keep] for pg, bs in pages.items()}
                             for n, pages in fused.items()
                         }
-                        a, t, p = score(refs, restrict(refs, kept))[kind]
+                        a, t, p = score(refs, kept)[kind]
                         f1 = prf(a, t, p)[2]
                         dist = abs(math.log(wy)) + wp + abs(keep - DEFAULT_KEEP) + (box != "best")
                         key = (f1, -dist)

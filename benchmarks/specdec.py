@@ -557,6 +557,11 @@ def real_main(args: argparse.Namespace) -> None:
     trainer = DraftTrainer(draft, cfg)
     t0 = time.perf_counter()
     if args.warm_epochs:
+        if 0 < args.warm_prompts < args.vocab_prompts:
+            raise SystemExit(
+                f"--warm-prompts {args.warm_prompts}: the warm start already uses the {args.vocab_prompts} "
+                "--vocab-prompts rollouts; give at least that many"
+            )
         if args.warm_prompts > args.vocab_prompts:  # more plain rollouts (batched: cheap next to batch-1 decoding)
             more = train[args.vocab_prompts : args.warm_prompts]
             warm = warm + plain_rollouts(policy, more, args.train_tokens, args.seed + 2)

@@ -215,10 +215,10 @@ def fused_blocks(
     parser: str = "",
 ) -> list[Block]:
     """The rules' blocks fused with the detectors' proposals (``parsing.fusion.FITTED``; ``FITTED_SCAN`` on a page
-    the OCR backend parsed), the proposals first
-    read against the text layer like the rules' own blocks (``postprocess.vet_proposals``). On a page the OCR
-    backend parsed (``parser``), a box the backend missed takes the OCR text of the lines it covers (a scan's
-    text layer is empty or its OCR layer, already in those lines), marked ``ocr`` on equations."""
+    the OCR backend parsed), the proposals first read against the text layer like the rules' own blocks
+    (``postprocess.vet_proposals``). On a page the OCR backend parsed (``parser``), a box the backend missed takes
+    the OCR text of the lines it covers (a scan's text layer is empty or its OCR layer, already in those lines),
+    marked ``ocr`` on equations."""
     import pymupdf
 
     from parsing.fusion import FITTED, FITTED_SCAN, fuse_blocks

@@ -14,7 +14,9 @@ and the cluster is kept when ``conf >= keep``. Its box is the box of the highest
 coordinates (``box="mean"``, weighted box fusion). Per kind that is a handful of numbers (``KindParams``),
 fitted on the development set by leave-one-file-out in ``benchmarks/layout.py``; ``FITTED`` holds the fit
 on all files, which the parser uses on digital pages; ``FITTED_SCAN`` (on pages the OCR backend parsed) holds
-the equations' fit on degraded copies of the sample PDFs against their self-labels (``--labelled --degraded``). Pure Python (``fuse``; ``fuse_blocks`` applies it to a page's blocks): ``tests/parsing/test_fusion.py`` pins it by hand.
+the equations' fit on degraded copies of the sample PDFs against their self-labels (``--labelled --degraded``).
+Pure Python (``fuse``; ``fuse_blocks`` applies it to a page's blocks): ``tests/parsing/test_fusion.py`` pins it
+by hand.
 """
 
 from __future__ import annotations
@@ -201,4 +203,5 @@ image-only copies of the 9 sample PDFs against their self-labels (``parsing.self
 equations, leave-one-document-out; ``python benchmarks/layout.py ../shared/samples --labelled --degraded --only
 rules,yolo --fit``): keep 0.1 at equal weights, i.e. every box either source proposes (the scan path's equation
 regions are few and the detector's formula boxes, floor 0.2, add the recall), where the prior keeps 0.4. Figures
-and tables keep ``FITTED``: self-labels do not mark every figure or any table, so their precision cannot be fitted there."""
+and tables keep ``FITTED``: self-labels do not mark every figure or any table, so their precision cannot be fitted
+there."""
