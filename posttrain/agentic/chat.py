@@ -5,17 +5,11 @@ messages (``role`` system/user/assistant/tool, ``content`` a string, assistant `
 ``arguments`` as a dict) plus tool definitions ``{"type": "function", "function": {name, description,
 parameters}}``. The model's chat template renders that to text (``render``).
 
-Generated text is parsed in the tool-call markup ``posttrain/toolcall.py`` defines (Qwen/Hermes, the tiny
-template's)::
-
-    TEXT<tool_call>{"name": NAME, "arguments": {...}}</tool_call>...<|im_end|>
-
-``content`` = the text before the first ``<tool_call>``; each block is one call. A block that is not
-valid JSON with a string ``name`` and an object ``arguments`` makes the whole output *malformed*: it is
-returned as plain text (no tool call) and flagged for the process annotator (SPEC §C7).
+Generated text is parsed in the tool-call markup of ``posttrain/toolcall.py`` (``parse_output``); a malformed
+output is returned as plain text (no tool call) and flagged for the process annotator (SPEC §C7).
 
 A call's result is a ``Generation``; a streaming call's is a ``GenerationStream`` (text deltas, then the
-``Generation``), which the protocols' ``*_events`` turn into SSE.
+``Generation``), which the protocols' ``events`` turn into SSE.
 """
 
 from __future__ import annotations
@@ -74,10 +68,9 @@ class GenerationStream:
     """One streaming model call (``Gateway.stream``), protocol-neutral.
 
     ``call_id`` and ``prompt_tokens`` are known before the first token (protocols put them in their opening event).
-    ``async for delta in stream`` yields assistant text while the engine generates it (only text that is final:
-    never a partial UTF-8 character or the start of a tool call / stop token); the deltas concatenate to
-    ``generation.text``. After the loop ``generation`` holds tool calls, finish reason and usage; the call is
-    already in the trace store by then. A failure of the call is raised from the loop.
+    ``async for delta in stream`` yields final assistant text as the engine generates it; the deltas concatenate to
+    ``generation.text``. After the loop ``generation`` holds tool calls, finish reason and usage (the call is
+    already in the trace store). A failure of the call is raised from the loop.
     """
 
     def __init__(self, call_id: str, prompt_tokens: int) -> None:
@@ -106,25 +99,17 @@ class GenerationStream:
             raise StopAsyncIteration
         raise item
 
-    def put_text(self, delta: str) -> None:
-        self._queue.put_nowait(delta)
-
-    def put_done(self, generation: Generation) -> None:
-        self._queue.put_nowait(generation)
-
-    def put_error(self, error: BaseException) -> None:
-        self._queue.put_nowait(error)
-
-
-def call_id(seed: str, i: int) -> str:
-    return "call_" + hashlib.sha1(f"{seed}/{i}".encode()).hexdigest()[:20]
+    def put(self, item: str | Generation | BaseException) -> None:
+        """Hand the reader a text delta, the finished ``Generation`` (ends the loop) or the call's failure."""
+        self._queue.put_nowait(item)
 
 
 def parse_output(text: str, finish_reason: str, seed: str) -> tuple[str, list[ToolCall], bool]:
     """Split generated text (stop token already removed) into content and tool calls (``toolcall.parse``), each
-    call with a stable id (``call_id(seed, i)``)."""
+    call with a stable id (``call_`` + a hash of ``seed`` and its index)."""
     content, calls, well_formed = toolcall.parse(text, finish_reason)
-    return content, [ToolCall(call_id(seed, i), name, args) for i, (name, args) in enumerate(calls)], well_formed
+    ids = ("call_" + hashlib.sha1(f"{seed}/{i}".encode()).hexdigest()[:20] for i in range(len(calls)))
+    return content, [ToolCall(c, name, args) for c, (name, args) in zip(ids, calls)], well_formed
 
 
 def render(tokenizer: Any, conv: Conversation) -> str:
@@ -160,10 +145,8 @@ def assistant_message(content: str, calls: list[tuple[str, str, Any]]) -> dict[s
 
 def text_of(content: Any) -> str:
     """Flatten a content field (string or list of text parts/blocks) to a string."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
+    if content is None or isinstance(content, str):
+        return content or ""
     parts = []
     for p in content:
         if isinstance(p, str):

@@ -1,8 +1,6 @@
-"""The engine thread driver: one ``RolloutEngine`` stepped in its own thread for many concurrent asyncio callers.
-
-``EngineDriver(engine)``: ``await driver.generate(request)`` for the finished ``Trajectory``, or
-``async for ids in driver.stream(request)`` (a ``TokenStream``) for the ids each engine step appends. The gateway
-(``gateway.py``) runs every model call through one driver; ``benchmarks/gateway.py`` measures it alone.
+"""The engine thread driver: one ``RolloutEngine`` stepped in its own thread for many concurrent asyncio callers
+(``EngineDriver``). The gateway (``gateway.py``) runs every model call through one; ``benchmarks/gateway.py``
+measures it alone.
 
     python benchmarks/gateway.py   # direct driver calls vs. the gateway over HTTP
 """
@@ -20,10 +18,9 @@ log = logging.getLogger(__name__)
 class TokenStream:
     """One request's output ids as the engine emits them (``EngineDriver.stream``).
 
-    ``async for ids in stream`` yields the ids each engine step appended to the request (``StepOutput.new_tokens``);
-    the loop ends when the request finishes, and ``stream.trajectory`` is then the finished ``Trajectory``, the
-    same object ``generate`` would have returned. An engine failure is raised from the loop, and so is an engine
-    whose steps did not report every id it emitted (a streaming consumer would silently lose text otherwise).
+    ``async for ids in stream`` yields the ids each engine step appended (``StepOutput.new_tokens``); after the
+    loop ``stream.trajectory`` is the finished ``Trajectory``. An engine failure is raised from the loop, and so is
+    an engine whose steps did not report every id it emitted (a streaming consumer would lose text otherwise).
     """
 
     def __init__(self, request_id: str) -> None:
@@ -50,12 +47,8 @@ class TokenStream:
 
     def _done(self, traj: Trajectory) -> None:
         if self.n_received != traj.n_tokens:
-            self._fail(
-                RuntimeError(
-                    f"{self.request_id}: the engine's steps reported {self.n_received} new ids, "
-                    f"but the trajectory finished with {traj.n_tokens}"
-                )
-            )
+            n = f"{self.n_received} new ids, but the trajectory finished with {traj.n_tokens}"
+            self._fail(RuntimeError(f"{self.request_id}: the engine's steps reported {n}"))
         else:
             self._queue.put_nowait(("done", traj))
 
@@ -78,10 +71,8 @@ class EngineDriver:
     (no locking inside engines). An engine failure fails the calls in flight, loudly, and the thread keeps
     serving later calls. A step's ``new_tokens`` reach the streams before its finished trajectories do.
 
-    Partial rollout across a weight sync (SPEC §C1, ``posttrain.agentic.rl``): ``hold()`` waits for the step under
-    way, pauses the engine (the requests in flight keep their tokens, logprobs and versions) and stops stepping;
-    calls made meanwhile queue. ``release(weights, version)`` loads the new weights and resumes the paused requests,
-    whose later tokens carry ``version``. ``shutdown()`` aborts every call in flight and refuses new ones.
+    Partial rollout across a weight sync (SPEC §C1, ``posttrain.agentic.rl``): ``hold()`` pauses the engine (the
+    requests in flight keep their tokens; calls made meanwhile queue), ``release(weights, version)`` resumes them.
     """
 
     def __init__(self, engine: Any) -> None:

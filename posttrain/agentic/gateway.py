@@ -1,24 +1,20 @@
 """The agentic gateway: an ordinary model service to the harness, token-in/token-out capture behind it.
 
-Endpoints (FastAPI, bind 127.0.0.1): ``POST /v1/chat/completions``, ``POST /v1/responses``,
-``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /v1/models``; each also under
-``/s/{sid}/v1/...``. The session is the API key (``Authorization: Bearer SID`` or ``x-api-key: SID``);
-the path prefix wins when present (for harnesses that cannot set a key).
+Endpoints (``build_app``): one per protocol, ``/v1/messages/count_tokens`` and ``/v1/models``, each also under
+``/s/{sid}/v1/...``. The session is the API key (``Authorization: Bearer SID`` or ``x-api-key: SID``); the path
+prefix wins when present (for harnesses that cannot set a key).
 
 Per call: adapter → ``Conversation`` → chat template text → longest-prefix match in the session's
 PrefixTree (``traces.py``) → input ids = stored ids of the matched path + ``encode(delta)`` → engine
 (``RolloutEngine``: submit, then steps driven by one engine thread for all sessions, ``driver.py``) → the engine's
 ``Trajectory`` (output ids, logprobs, versions, routed experts) goes into the store as it is, *before* the output
-is decoded and wrapped in the protocol envelope (``protocols.PROTOCOLS``, one object per protocol). Returned text is never re-tokenised: the next call's prompt reuses
-the stored ids as long as its rendering extends the stored text, and forks (recorded) otherwise.
+is decoded and wrapped in the protocol envelope (``protocols.PROTOCOLS``). Returned text is never re-tokenised: the
+next call's prompt reuses the stored ids as long as its rendering extends the stored text, and forks (recorded)
+otherwise.
 
-Streaming (``"stream": true``) is incremental: each engine step's new ids (``StepOutput.new_tokens``) reach the
-call through ``EngineDriver.stream``; the output so far is decoded (``IncrementalDecoder``: only the new ids for
-byte-level BPE tokenizers, the whole output otherwise) and its new final suffix is sent as a text delta at once
-(text that may still change is held back: a trailing incomplete UTF-8 character, a trailing prefix of
-``<tool_call>`` or of a stop token, and everything from ``<tool_call>`` on). When the engine finishes, the output
-is captured in the store, parsed whole (``parse_output``), and only then are the tool calls, finish reason and
-usage sent. A harness's time to first token is the engine's, not the whole call's. A failure after the stream
+Streaming (``"stream": true``) is incremental: each engine step's new ids (``EngineDriver.stream``) are decoded
+(``IncrementalDecoder``) and their final text (``Gateway._final_text``) is sent at once, so a harness's time to
+first token is the engine's; the tool calls, finish reason and usage follow the capture. A failure after the stream
 began ends it with the protocol's own error event (``Protocol.stream_error``, framed by ``protocols.sse``).
 
 Serve a model:  ``scifolio posttrain gateway --model DIR --port 8000`` (flags in ``pipelines/cli/posttrain.py``)
@@ -82,8 +78,7 @@ class IncrementalDecoder:
     ``incremental=False``: decode the whole output again every time (exact for any tokenizer; O(n²) over a reply).
     ``incremental=True`` (only for ``byte_level_decode`` tokenizers): remember the longest prefix decoded so far
     that ends on a character boundary (its decoded tail held no U+FFFD) and decode only the ids after it, O(n)
-    over a reply. The capture decodes the whole output once more at the end, and the streamed text must be a
-    prefix of it (checked).
+    over a reply (``Gateway._stream`` checks the streamed text against the capture's full decode).
     """
 
     def __init__(self, tokenizer: Any, incremental: bool) -> None:
@@ -217,16 +212,16 @@ class Gateway:
                 ids += new
                 text = self._final_text(ids, decode, len(sent))
                 if len(text) > len(sent) and text.startswith(sent):
-                    out.put_text(text[len(sent) :])
+                    out.put(text[len(sent) :])
                     sent = text
             g = self._capture(call, tokens.trajectory)  # capture first: before the finish/usage events
             if not g.text.startswith(sent):
                 raise RuntimeError(f"{call.call_id}: streamed text {sent!r} is not a prefix of the output {g.text!r}")
             if len(g.text) > len(sent):
-                out.put_text(g.text[len(sent) :])
-            out.put_done(g)
+                out.put(g.text[len(sent) :])
+            out.put(g)
         except BaseException as e:  # the stream's reader sees the failure; nothing is swallowed
-            out.put_error(e)
+            out.put(e)
             if not isinstance(e, Exception):
                 raise
         finally:
@@ -309,8 +304,7 @@ class Gateway:
             meta=meta,
             fork=call.match.fork,
         )
-        n_prompt = len(call.request.prompt_ids)
-        return Generation(body, calls, finish, n_prompt, len(out_ids), well_formed, call.call_id)
+        return Generation(body, calls, finish, len(call.request.prompt_ids), len(out_ids), well_formed, call.call_id)
 
 
 class InvalidRequest(ValueError):

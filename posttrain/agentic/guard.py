@@ -8,8 +8,7 @@
 - **Limits**, checked before anything is parsed or tokenised: body bytes (413, from ``Content-Length`` or while
   reading), then a JSON object (400), message count (400) and ``max_tokens`` (400).
 
-Every refusal has the protocol's own error shape (``Protocol.error``: OpenAI's ``{"error": {...}}`` for chat and
-responses, Anthropic's ``{"type": "error", "error": {...}}`` for messages), so SDKs raise their ordinary API errors.
+Every refusal has the protocol's own error shape (``Protocol.error``), so SDKs raise their ordinary API errors.
 Paths, error shapes and the conversation field come from ``protocols.PROTOCOLS``; nothing here names a protocol.
 
     pytest tests/posttrain/agentic/test_gateway_guard.py
@@ -53,13 +52,10 @@ def load_api_keys(path: str | Path) -> dict[str, str]:
     else:
         keys = {}
         for n, line in enumerate(text.splitlines(), 1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            parts = line.split()
-            if len(parts) != 2:
-                raise ValueError(f"{path}:{n}: expected 'KEY PREFIX'")
-            keys[parts[0]] = parts[1]
+            if parts := line.split("#", 1)[0].split():
+                if len(parts) != 2:
+                    raise ValueError(f"{path}:{n}: expected 'KEY PREFIX'")
+                keys[parts[0]] = parts[1]
     if not keys or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in keys.items()):
         raise ValueError(f"{path}: no keys, or a key or prefix that is not a non-empty string")
     prefixes = sorted(keys.values())
@@ -88,8 +84,7 @@ def _route(path: str) -> tuple[str | None, Protocol | None, str]:
     """(session from ``/s/{sid}``, protocol, the path without the session part)."""
     sid = None
     if path.startswith("/s/"):
-        rest = path[3:]
-        sid, _, tail = rest.partition("/")
+        sid, _, tail = path[3:].partition("/")
         path = "/" + tail
     return sid, _PATHS.get(path), path
 

@@ -1,13 +1,11 @@
 """Images in gateway calls, keyed by content hash in the text the trace store matches and keeps.
 
-A vision-language model's chat template renders every image as the same placeholder (``<image>``) and its processor
-expands that to the same N placeholder ids for every image, so text and ids alone cannot tell two images apart: a
-PrefixTree matched on them would reuse one image's stored context (and its logprobs) for another. The gateway
-matches and stores *keyed text* instead, where the k-th placeholder reads ``<image sha256=H>`` (H: the SHA-256 of the
-image's encoded bytes). A keyed delta is encoded by expanding each marker to the processor's N placeholder ids, and
-the engine gets the pixel values of every image of the prompt, in order, for its prefill. The store keeps the
-markers (image references), never pixels. An image's pixel values are cached by its hash: a harness re-sends its
-history's images on every call.
+A vision-language model renders every image as the same placeholder text and ids, so a PrefixTree matched on them
+would reuse one image's stored context (and its logprobs) for another. The gateway matches and stores *keyed text*
+instead, where the k-th placeholder reads ``<image sha256=H>`` (H: the SHA-256 of the image's encoded bytes); a
+keyed delta is encoded by expanding each marker to the processor's placeholder ids, and the engine gets the pixel
+values of the prompt's images, in order. The store keeps the markers, never pixels; pixel values are cached by hash
+(a harness re-sends its history's images on every call).
 
 Image parts are data URLs; local paths only under ``GatewayConfig.image_root`` (the gateway reads no other file of
 its host, and downloads nothing). A part that cannot be used is a ``BadImage`` with its reason
@@ -66,14 +64,11 @@ class ImageKeys:
     def encode(self, keyed: str, tokenizer: Any) -> list[int]:
         """Ids of keyed text: the text between markers tokenised, each marker its image's placeholder ids."""
         ids: list[int] = []
-        pos = 0
-        for m in MARKER.finditer(keyed):
-            if m.start() > pos:
-                ids += tokenizer.encode(keyed[pos : m.start()], add_special_tokens=False)
-            ids += [self.token_id] * self._cache[m.group(1)][1]
-            pos = m.end()
-        if pos < len(keyed):
-            ids += tokenizer.encode(keyed[pos:], add_special_tokens=False)
+        for i, piece in enumerate(MARKER.split(keyed)):  # text, hash, text, ..., text
+            if i % 2:
+                ids += [self.token_id] * self._cache[piece][1]
+            elif piece:
+                ids += tokenizer.encode(piece, add_special_tokens=False)
         return ids
 
     def pixels(self, hashes: list[str]) -> tuple[Any, tuple]:
@@ -84,10 +79,8 @@ class ImageKeys:
 
     def _bytes(self, part: dict[str, Any]) -> bytes:
         url = part["image_url"]["url"]
-        if url.startswith("data:"):
-            return image_bytes(part, None, self.limits)
-        if "://" in url and not url.startswith("file://"):
-            return image_bytes(part, None, self.limits)  # refused there: unsupported_url
+        if url.startswith("data:") or ("://" in url and not url.startswith("file://")):
+            return image_bytes(part, None, self.limits)  # a URL other than data: is refused there (unsupported_url)
         if self.image_root is None:
             raise BadImage("unsupported_url", f"{url[:60]}: the gateway takes data URLs (no image_root is set)")
         path = os.path.realpath(os.path.join(self.image_root, url.removeprefix("file://")))

@@ -25,6 +25,7 @@ Run the tests: ``python -m pytest tests/posttrain/agentic/test_jail.py -q``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -97,9 +98,8 @@ def _mkdirs(path: str, made: set[str]) -> list[str]:
     """bwrap ``--dir`` arguments (mode 0755) for the ancestors of ``path``: bwrap creates missing parents
     0700, which an unprivileged uid cannot traverse."""
     out: list[str] = []
-    parts = Path(path).parts[1:-1]
     cur = ""
-    for p in parts:
+    for p in Path(path).parts[1:-1]:
         cur += "/" + p
         if cur not in made:
             made.add(cur)
@@ -111,7 +111,6 @@ def bwrap_argv(argv: list[str], workdir: Path, limits: SandboxLimits, uid: int |
     """The bubblewrap command line that runs ``argv`` in ``workdir`` (see the module docstring)."""
     bwrap = shutil.which("bwrap") or "bwrap"
     work = str(Path(workdir).resolve())
-    root = os.geteuid() == 0
     cmd = [bwrap, "--ro-bind", "/usr", "/usr"]
     for d in ("bin", "lib", "lib64", "sbin"):
         p = "/" + d
@@ -131,7 +130,9 @@ def bwrap_argv(argv: list[str], workdir: Path, limits: SandboxLimits, uid: int |
     cmd += ["--proc", "/proc", "--dev", "/dev"]
     cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try"]
     cmd += ["--hostname", "jail", "--die-with-parent", "--new-session", "--remount-ro", "/"]
-    if root:  # bwrap (privileged) builds the mounts, then the command drops to an unprivileged uid for good
+    if (
+        os.geteuid() == 0
+    ):  # bwrap (privileged) builds the mounts, then the command drops to an unprivileged uid for good
         u = NOBODY if uid is None else uid
         cmd += ["--", "setpriv", f"--reuid={u}", f"--regid={u}", "--clear-groups", "--"]
     else:
@@ -184,10 +185,8 @@ def _own(workdir: Path) -> None:
         return
     for dirpath, dirnames, filenames in os.walk(workdir):
         for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.lchown(name, NOBODY, NOBODY)
-            except FileNotFoundError:
-                pass
 
 
 def run_jailed(
@@ -251,19 +250,15 @@ def _tail(b: bytes | None, keep: int) -> str:
 @lru_cache(maxsize=1)
 def unshare_net_works() -> bool:
     """Whether ``unshare -n`` works here (needs root / CAP_SYS_ADMIN): the unjailed fallback's network cut."""
-    if not shutil.which("unshare"):
-        return False
-    try:
+    try:  # not installed: OSError
         return subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # nothing left in the group
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # nothing left in the group
 
 
 class JailedEnvironment:
@@ -282,10 +277,7 @@ class JailedEnvironment:
         sandbox: SandboxConfig = SandboxConfig(),
         timeout: float | None = None,
     ) -> None:
-        self.cwd = Path(cwd)
-        self.limits = limits
-        self.sandbox = sandbox
-        self.timeout = timeout
+        self.cwd, self.limits, self.sandbox, self.timeout = Path(cwd), limits, sandbox, timeout
         self.results: list[tuple[str, SandboxResult]] = []
         if jail_problem() is not None and not sandbox.allow_unjailed:
             raise JailUnavailable(str(jail_problem()) + "; refusing to run agent commands unjailed")

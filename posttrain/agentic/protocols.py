@@ -1,18 +1,13 @@
 """The gateway's three protocols: OpenAI Chat Completions, OpenAI Responses, Anthropic Messages.
 
-Each is one ``Protocol`` object (``PROTOCOLS``) holding everything protocol-specific: its ``path``, ``parse``
-(request JSON → ``Conversation``), ``response`` (``Generation`` → the non-streaming JSON body), ``events`` (a
-``GenerationStream`` → its SSE stream, as an async iterator of ``(event, data)`` pairs; ``event`` None = a bare
-``data:`` line), ``stream_error`` (the in-band error event once a stream has begun) and ``error`` (the JSON body of
-an HTTP error: the gateway's 400s and the guard's 401/403/404/413). The app (``gateway.build_app``) and the guard
+Each is one ``Protocol`` object (``PROTOCOLS``) holding everything protocol-specific (its path, request parsing,
+response bodies, SSE events and error shapes: see ``Protocol``). The app (``gateway.build_app``) and the guard
 (``guard.py``) loop over ``PROTOCOLS``; neither names a protocol. Shapes follow the vendors' docs (see
 ``shared/research/rl-systems.md`` §3) and are checked by the official SDKs' typed parsers in the tests
 (``pytest tests/posttrain/agentic/test_gateway_sdk.py``).
 
-Streams are incremental: the opening events go out at once, each text delta as soon as the engine's tokens
-decode to final text (``Gateway.stream``), and the text block/item opens with the first delta. Tool calls (whole,
-after parsing the complete output; their arguments cut into ``PIECE``-character deltas), the finish reason and
-usage are sent when generation ends, after the call has been captured in the trace store.
+Streams are incremental (``Gateway.stream``): the opening events at once, the text block/item with the first text
+delta; tool calls (their arguments cut into ``PIECE``-character deltas), finish reason and usage at the end.
 """
 
 from __future__ import annotations
@@ -86,7 +81,7 @@ class Protocol:
         raise NotImplementedError
 
     def events(self, s: GenerationStream, conv: Conversation, body: dict[str, Any]) -> Events:
-        """The SSE stream of a streaming call, as ``(event, data)`` pairs."""
+        """The SSE stream of a streaming call, as ``(event, data)`` pairs (``event`` None: a bare ``data:`` line)."""
         raise NotImplementedError
 
     def stream_error(self, message: str, n_sent: int) -> tuple[str | None, Any]:
@@ -94,8 +89,10 @@ class Protocol:
         raise NotImplementedError
 
     def error(self, status: int, message: str, code: str) -> dict[str, Any]:
-        """The JSON body of an HTTP error response (``status`` 4xx), in the protocol's own error shape."""
-        raise NotImplementedError
+        """The JSON body of an HTTP error (the gateway's 400/503, the guard's 401/403/404/413), in the protocol's own
+        shape (OpenAI's unless overridden)."""
+        kind = "server_error" if status >= 500 else "invalid_request_error" if status != 401 else "authentication_error"
+        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 # -- OpenAI Chat Completions ---------------------------------------------------------------------------
@@ -110,20 +107,13 @@ def _chat_usage(g: Generation) -> dict[str, int]:
     }
 
 
-def _openai_error(status: int, message: str, code: str) -> dict[str, Any]:
-    kind = "server_error" if status >= 500 else "invalid_request_error" if status != 401 else "authentication_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
-
-
 class ChatCompletions(Protocol):
     name, path = "chat", "/v1/chat/completions"
 
     def parse(self, body: dict[str, Any], default_max: int) -> Conversation:
         msgs = []
         for m in body.get("messages", []):
-            role = m.get("role")
-            if role == "developer":
-                role = "system"
+            role = "system" if m.get("role") == "developer" else m.get("role")
             if role == "assistant":
                 calls = [
                     (c["id"], c["function"]["name"], c["function"].get("arguments", ""))
@@ -190,9 +180,6 @@ class ChatCompletions(Protocol):
         """A ``data:`` object with ``error`` (the openai SDK raises ``APIError`` on it)."""
         return None, {"error": {"message": message, "type": "server_error", "param": None, "code": "server_error"}}
 
-    def error(self, status: int, message: str, code: str) -> dict[str, Any]:
-        return _openai_error(status, message, code)
-
 
 # -- OpenAI Responses ----------------------------------------------------------------------------------
 def _responses_items(g: Generation) -> list[dict[str, Any]]:
@@ -219,34 +206,6 @@ def _responses_items(g: Generation) -> list[dict[str, Any]]:
             }
         )
     return items
-
-
-def _responses_body(g: Generation, model: str, status: str | None = None, output=None) -> dict[str, Any]:
-    done = status is None
-    if status is None:
-        status = "incomplete" if g.finish == "length" else "completed"
-    return {
-        "id": "resp_" + g.call_id,
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": status,
-        "model": model,
-        "output": _responses_items(g) if output is None else output,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "error": None,
-        "usage": {
-            "input_tokens": g.prompt_tokens,
-            "output_tokens": g.completion_tokens,
-            "total_tokens": g.prompt_tokens + g.completion_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": 0},
-        }
-        if done
-        else None,
-    }
 
 
 class Responses(Protocol):
@@ -282,11 +241,36 @@ class Responses(Protocol):
         ]
         return conversation(body, msgs, tools, body.get("max_output_tokens") or default_max)
 
-    def response(self, g: Generation, conv: Conversation, body: dict[str, Any]) -> dict[str, Any]:
-        return _responses_body(g, conv.model)
+    def response(
+        self, g: Generation, conv: Conversation, body: dict[str, Any], status: str | None = None, output=None
+    ) -> dict[str, Any]:
+        """The response object; ``status`` and ``output`` given: a stream's opening one (no usage yet)."""
+        done = status is None
+        status = status or ("incomplete" if g.finish == "length" else "completed")
+        return {
+            "id": "resp_" + g.call_id,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": status,
+            "model": conv.model,
+            "output": _responses_items(g) if output is None else output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "error": None,
+            "usage": {
+                "input_tokens": g.prompt_tokens,
+                "output_tokens": g.completion_tokens,
+                "total_tokens": g.prompt_tokens + g.completion_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            }
+            if done
+            else None,
+        }
 
     async def events(self, s: GenerationStream, conv: Conversation, body: dict[str, Any]) -> Events:
-        model = conv.model
         seq = 0
 
         def ev(kind: str, **data: Any) -> tuple[str, dict[str, Any]]:
@@ -295,7 +279,7 @@ class Responses(Protocol):
             seq += 1
             return out
 
-        opening = _responses_body(_opening(s), model, "in_progress", [])
+        opening = self.response(_opening(s), conv, body, "in_progress", [])
         yield ev("response.created", response=opening)
         yield ev("response.in_progress", response=opening)
         msg_id = "msg_" + s.call_id  # the message item is output 0 whenever there is one (``_responses_items``)
@@ -337,16 +321,13 @@ class Responses(Protocol):
                     arguments=item["arguments"],
                 )
             yield ev("response.output_item.done", output_index=oi, item=item)
-        final = _responses_body(g, model)
+        final = self.response(g, conv, body)
         yield ev("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
 
     def stream_error(self, message: str, n_sent: int) -> tuple[str | None, Any]:
         """The Responses ``error`` event (its ``sequence_number`` continues the stream's)."""
         data = {"type": "error", "code": "server_error", "message": message, "param": None, "sequence_number": n_sent}
         return "error", data
-
-    def error(self, status: int, message: str, code: str) -> dict[str, Any]:
-        return _openai_error(status, message, code)
 
 
 # -- Anthropic Messages --------------------------------------------------------------------------------
@@ -367,19 +348,6 @@ def _blocks(g: Generation) -> list[dict[str, Any]]:
     for c in g.tool_calls:
         blocks.append({"type": "tool_use", "id": "toolu_" + c.id[5:], "name": c.name, "input": c.arguments})
     return blocks
-
-
-def _message_body(g: Generation, model: str) -> dict[str, Any]:
-    return {
-        "id": "msg_" + g.call_id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": _blocks(g),
-        "stop_reason": _STOP[g.finish],
-        "stop_sequence": None,
-        "usage": {"input_tokens": g.prompt_tokens, "output_tokens": g.completion_tokens},
-    }
 
 
 class Messages(Protocol):
@@ -414,10 +382,19 @@ class Messages(Protocol):
         return conversation(body, msgs, tools, body.get("max_tokens") or default_max)
 
     def response(self, g: Generation, conv: Conversation, body: dict[str, Any]) -> dict[str, Any]:
-        return _message_body(g, conv.model)
+        return {
+            "id": "msg_" + g.call_id,
+            "type": "message",
+            "role": "assistant",
+            "model": conv.model,
+            "content": _blocks(g),
+            "stop_reason": _STOP[g.finish],
+            "stop_sequence": None,
+            "usage": {"input_tokens": g.prompt_tokens, "output_tokens": g.completion_tokens},
+        }
 
     async def events(self, s: GenerationStream, conv: Conversation, body: dict[str, Any]) -> Events:
-        start = _message_body(_opening(s), conv.model)
+        start = self.response(_opening(s), conv, body)
         start.update(content=[], stop_reason=None, usage={"input_tokens": s.prompt_tokens, "output_tokens": 0})
         yield "message_start", {"type": "message_start", "message": start}
         text_start = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}

@@ -197,15 +197,13 @@ class _Group:
 
 class AgenticStage(Stage):
     """``posttrain agentic`` as a stage of the one driver (``posttrain.rl.loop.run_stage``): per step, one group of
-    harness sessions per task through the gateway (the rollout workflow), graded by the task's verifier, credited by
-    Eq 30 on the trace store's token spans, one ``Learner.update``.
+    sessions per task (see the module docstring), one ``Learner.update``.
 
     Sessions run ``max_sessions`` at a time in threads, so the engine batches their calls. Groups start in task
     order and a step trains the first ``len(tasks)`` groups in that order once all their sessions are graded (the
-    batch does not depend on which session finishes first). With ``partial``, sessions of later groups start as
-    slots free, and those still running at the end of ``collect`` are paused in the engine (``EngineDriver.hold``)
-    across the update and resume under the new weights at ``sync``; their tokens carry the version that sampled
-    them. Groups are named ``TASK-gGROUP.rRESUME``: after a crash the groups not yet trained start again with fresh
+    batch does not depend on which session finishes first). With ``partial``, later groups' sessions start as slots
+    free; those still running at the end of ``collect`` are held in the engine (``EngineDriver.hold``) until
+    ``sync``. Groups are named ``TASK-gGROUP.rRESUME``: after a crash the groups not yet trained start again with fresh
     sessions, never the half-stored ones of the killed attempt."""
 
     name = "posttrain agentic"
@@ -396,7 +394,7 @@ def read_tasks(path: str) -> list[Task]:
     """Tasks from a jsonl file, one ``Task`` a line in the built-ins' shape (test ids as lists)."""
     from formats import fs
 
-    rows = [json.loads(x) for x in fs.read_text(path).splitlines() if x.strip()]
     return [
-        Task(**{**r, "fail_to_pass": tuple(r["fail_to_pass"]), "pass_to_pass": tuple(r["pass_to_pass"])}) for r in rows
+        Task(**{**r, "fail_to_pass": tuple(r["fail_to_pass"]), "pass_to_pass": tuple(r["pass_to_pass"])})
+        for r in fs.read_jsonl(path)
     ]

@@ -9,11 +9,8 @@ out, and output that cannot be parsed are ``infra_error`` verdicts with ``reward
 or a fail, and not trained on.
 
 Sandbox: the test runner (``python -I -B``: no stale bytecode), the harness's ``run_tests`` tool and every
-command of a third-party harness (``JailedEnvironment``) run in the bubblewrap jail of
-``posttrain.agentic.jail``: read-only system and Python, the task directory the only writable place, a private
-``/tmp``, no network, new PID/IPC/UTS namespaces, an unprivileged uid, rlimits and a wall-clock timeout. Where
-the jail cannot start the run is refused unless ``SandboxConfig.allow_unjailed``; ``Verdict.jailed`` records
-which it was.
+command of a third-party harness (``JailedEnvironment``) run in the bubblewrap jail of ``posttrain.agentic.jail``
+(what it allows is said there); ``Verdict.jailed`` records whether they did (``SandboxConfig.allow_unjailed``).
 
 ``SimpleHarness`` is a harness with its own loop: it talks to a model URL through the official
 ``openai`` SDK (Chat Completions), executes the tools the model calls (``write_file``, ``read_file``,
@@ -174,9 +171,7 @@ def verify(
     results, raw = run_tests(workdir, sorted(artefacts), limits, sandbox)
     iso, jailed = network_isolation(), jail_available()
     if results is None:
-        return Verdict(
-            INFRA, None, "verifier output unparseable or runner crashed:\n" + raw[-2000:], isolated=iso, jailed=jailed
-        )
+        return Verdict(INFRA, None, "verifier output unparseable or runner crashed:\n" + raw[-2000:], {}, iso, jailed)
     wanted = task.fail_to_pass + task.pass_to_pass
     for t in wanted:  # a test file that no longer imports (the agent broke the code under test) fails its tests
         if t not in results and results.get(t.split("::")[0] + "::<import>") == "error":

@@ -1,22 +1,16 @@
 """The trace store: one incremental PrefixTree per session tree, persisted in SQLite (SPEC §C6).
 
-A node is either a *context* delta (system/user/tool text and template glue the gateway encoded;
-``loss_mask`` 0, labels −100) or an assistant *response*: the engine's ``Trajectory`` exactly as it returned it
-(output ids, behaviour logprobs, versions, routed experts, finish reason, rescored logprobs; ``Node.trajectory``,
-no copy in another form), trained on unless the step is marked ``skip`` (kept in context, excluded from the
-loss). A model call = a path root → … → context delta → response; its input ids are the path's ids, recorded
-exactly as fed to the engine (the trajectory's prompt, checked), never re-tokenised. Exports read the
-trajectories: ``session_export`` (per-token arrays of the session's path) and ``session_trajectory`` (that path
-as one learner ``Trajectory``).
+A node is either a *context* delta (text and ids the gateway encoded; never trained on) or an assistant
+*response*: the engine's ``Trajectory`` exactly as it returned it (``Node.trajectory``), trained on unless marked
+``skip``. A model call = a path root → … → context delta → response; its input ids are the path's ids, exactly as
+fed to the engine (checked), never re-tokenised. ``session_export`` and ``session_trajectory`` read a session's path.
 
-Trees: the API key ``GROUP:ROLLOUT`` puts the rollouts of one group in one tree (they share the
-header and any common turns, SPEC §C6); a key without ``:`` is its own tree. Longest-prefix matching
-walks the tree by node *text* (each node keeps the text its ids decode to) so a re-rendered history
-reuses the stored ids. If a session's new request does not extend the text of its own previous call
-(the harness re-rendered history differently: edited a message, reformatted tool arguments, or the
-template drops something), the store branches at the longest still-matching node and records a FORK
-with where and why; the old branch stays. Everything is written to SQLite on each call (WAL), so a
-crashed run keeps its traces; ``TraceStore(path)`` reloads them.
+Trees: the API key ``GROUP:ROLLOUT`` puts the rollouts of one group in one tree (they share the header and any
+common turns, SPEC §C6); a key without ``:`` is its own tree. Longest-prefix matching walks the tree by node *text*
+so a re-rendered history reuses the stored ids. If a session's new request does not extend the text of its own
+previous call (the harness re-rendered its history differently), the store branches at the longest still-matching
+node and records a FORK with where and why; the old branch stays. Everything is written to SQLite on each call
+(WAL), so a crashed run keeps its traces; ``TraceStore(path)`` reloads them.
 
     store = TraceStore("traces.sqlite"); store.session_export("g:0")
 
@@ -148,14 +142,16 @@ class TraceStore:
             for k in ("token_ids", "logprobs", "versions", "routed_experts"):
                 del rest[k]
             rest["request"]["prompt_ids"] = []
-        per_token = [json.dumps(v) for v in (n.token_ids, n.logprobs, n.versions, n.experts)]
-        cur = self.db.execute(
-            "INSERT INTO nodes (tree,parent,kind,text,token_ids,logprobs,versions,experts,skip,session,trajectory) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (n.tree, n.parent, n.kind, n.text, *per_token, int(n.skip), n.session, rest and json.dumps(rest)),
-        )
-        n.id = int(cur.lastrowid)
+        row = dict(tree=n.tree, parent=n.parent, kind=n.kind, text=n.text, skip=int(n.skip), session=n.session)
+        for k in ("token_ids", "logprobs", "versions", "experts"):
+            row[k] = json.dumps(getattr(n, k))
+        n.id = self._write("nodes", {**row, "trajectory": rest and json.dumps(rest)})
         self._attach(n)
+
+    def _write(self, table: str, row: dict[str, Any]) -> int:
+        """Insert ``row`` (column → value) into ``table``; returns its rowid."""
+        sql = f"INSERT INTO {table} ({','.join(row)}) VALUES ({','.join('?' * len(row))})"
+        return int(self.db.execute(sql, tuple(row.values())).lastrowid)
 
     # -- tree walking --------------------------------------------------------------------------------
     def children(self, tree: str, node: int | None) -> list[Node]:
@@ -237,14 +233,8 @@ class TraceStore:
                 raise ValueError(f"{call_id}: the trajectory's prompt is not the stored path + context ids")
             ctx_node = parent
             if context[1]:
-                hit = next(  # the text too: two images' placeholder ids are equal, their keyed texts are not
-                    (
-                        c
-                        for c in self.children(tree, parent)
-                        if c.kind == CONTEXT and c.token_ids == context[1] and c.text == context[0]
-                    ),
-                    None,
-                )
+                key = (CONTEXT, *context)  # the text too: two images' placeholder ids are equal, their keyed texts not
+                hit = next((c for c in self.children(tree, parent) if (c.kind, c.text, c.token_ids) == key), None)
                 if hit is None:
                     hit = Node(0, tree, parent, CONTEXT, context[0], list(context[1]), session=session)
                     self._insert(hit)
@@ -256,21 +246,14 @@ class TraceStore:
             if resp is None:
                 resp = Node(0, tree, ctx_node, RESPONSE, text, ids, trajectory, session=session)
                 self._insert(resp)
-            seq = len(self.calls)
             meta = dict(meta or {})
             c = dict(id=call_id, session=session, tree=tree, context_node=ctx_node, response_node=resp.id)
             c.update(prompt_len=len(prompt), output_len=len(ids), finish=finish, protocol=protocol, meta=meta)
-            row = {**c, "seq": seq, "meta": json.dumps(meta)}
-            self.db.execute(
-                f"INSERT INTO calls ({','.join(row)}) VALUES ({','.join('?' * len(row))})", tuple(row.values())
-            )
+            self._write("calls", {**c, "seq": len(self.calls), "meta": json.dumps(meta)})
             if fork is not None:
                 fork = {**fork, "call_id": call_id}
                 self.forks.append(fork)
-                self.db.execute(
-                    "INSERT INTO forks (session,tree,call_id,at_node,offset,stored,rendered) VALUES (?,?,?,?,?,?,?)",
-                    tuple(fork[k] for k in ("session", "tree", "call_id", "at_node", "offset", "stored", "rendered")),
-                )
+                self._write("forks", fork)
             self.db.commit()
             self.calls[call_id] = c
             self.session_calls.setdefault(session, []).append(call_id)
