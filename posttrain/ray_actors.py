@@ -90,9 +90,8 @@ class _EngineHost:
 
     def spec_stats(self) -> dict[str, int]:
         """A speculative engine's cumulative counters and the draft version it holds."""
-        e = self.engine
         names = ("rounds", "proposed", "reached", "accepted", "emitted", "draft_version")
-        return {n: int(getattr(e, n)) for n in names}
+        return {n: int(getattr(self.engine, n)) for n in names}
 
 
 EngineWorker = ray.remote(_EngineHost)
@@ -117,20 +116,18 @@ class RayEngine:
         if not workers:
             raise ValueError("RayEngine needs at least one engine worker")
         self.workers = list(workers)
-        infos = ray.get([w.info.remote() for w in self.workers])
-        versions = {v for v, _, _, _, _ in infos}
-        if len(versions) != 1:
-            raise ValueError(f"engine workers start at different versions: {sorted(versions)}")
-        if any(n for _, _, n, _, _ in infos):
+        versions, caps, active, nodes, kinds = zip(*ray.get([w.info.remote() for w in self.workers]))
+        if len(set(versions)) != 1:
+            raise ValueError(f"engine workers start at different versions: {sorted(set(versions))}")
+        if any(active):
             raise ValueError("engine workers must start empty")
-        kinds = {spec for _, _, _, _, spec in infos}
-        if len(kinds) != 1:
+        if len(set(kinds)) != 1:
             raise ValueError("engine workers mix speculative and plain engines")
-        self.speculative = kinds.pop()
+        self.speculative = kinds[0]
         """The workers host ``SpeculativeEngine``s: ``update_draft`` and the speculative statistics work."""
-        self._version = versions.pop()
-        self._caps = [c for _, c, _, _, _ in infos]
-        self.nodes = [node for _, _, _, node, _ in infos]
+        self._version = versions[0]
+        self._caps = list(caps)
+        self.nodes = list(nodes)
         """Ray node id of each worker (tests check the workers really sit on different nodes)."""
         self._round_log: list[Any] = []
         self._held: list[set[str]] = [set() for _ in self.workers]

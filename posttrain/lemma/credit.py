@@ -50,19 +50,12 @@ def final_reward(trace: Trace, reward: str = "conjugate") -> float:
     raise ValueError(f"unknown reward {reward!r} (choose from {', '.join(REWARDS)})")
 
 
-def trace_graph(trace: Trace) -> LemmaGraph:
-    nodes = [Lemma(m.id, m.round, tuple(m.uses)) for m in trace.memory]
-    nodes += [Lemma(a.id, a.round, tuple(a.uses)) for a in trace.answers]
-    return LemmaGraph(nodes)
-
-
 def trace_credit(trace: Trace, reward: str = "conjugate", gamma: float = 1.0, graph: bool = True) -> Credit:
-    g = trace_graph(trace)
+    g = LemmaGraph([Lemma(n.id, n.round, tuple(n.uses)) for n in [*trace.memory, *trace.answers]])
     r = final_reward(trace, reward)
     terminal = [trace.final] if trace.final is not None else []
     values = g.propagate(terminal, r, gamma) if terminal else g.propagate([], 0.0)
-    n_rounds = len(trace.rounds)
-    round_values, mask = g.round_values(values, n_rounds)
+    round_values, mask = g.round_values(values, len(trace.rounds))
     mask_l = [bool(x) for x in mask.tolist()]
     rv = round_values.tolist() if graph else [r if m else 0.0 for m in mask_l]
     edges = [(g.lemmas[i].id, g.lemmas[j].id) for i, j in g.adjacency.nonzero().tolist()]

@@ -7,9 +7,8 @@ round mask; ``objectives.round_advantages`` subtracts the leave-one-out mean of 
 every reasoner / summariser / reviser call becomes a ``Trajectory`` with its exact prompt ids, sampled ids,
 behaviour logprobs and versions, ``loss_mask`` 0 in masked rounds, and its round's advantage on every token.
 Verifier calls are not trained here (a separate verifier model, or a later issue). Questions whose pass rate is
-0 or 1 are dropped (``objectives.saturated_questions``; S1-MO's filter). The output feeds
-``posttrain.rl.learner.pack`` and ``Learner.update(packed, adv)``, the entry point agentic RL uses; wiring it into
-the one RL driver is the training issue's part.
+0 or 1 are dropped (``objectives.saturated_questions``; S1-MO's filter). ``train.LemmaStage`` hands the output to
+the learner.
 
     trajs, adv, kept = hierarchical_batch([traces_q1, traces_q2], reward="conjugate")
 """
@@ -23,15 +22,9 @@ from torch import Tensor
 
 from posttrain.lemma.agent import Trace
 from posttrain.lemma.bc import POLICY_ROLES
-from posttrain.lemma.credit import trace_credit
-from posttrain.lemma.statements import answers_match
+from posttrain.lemma.credit import final_reward, trace_credit
 from posttrain.objectives.lemma import round_advantages, saturated_questions
 from posttrain.rollout.types import FINISH_STOP, Request, SamplingParams, Trajectory
-
-
-def _solved(t: Trace) -> bool:
-    final = t.final_answer()
-    return final is not None and answers_match(final.value, str(t.problem.get("answer", "")))
 
 
 def hierarchical_batch(
@@ -39,7 +32,7 @@ def hierarchical_batch(
 ) -> tuple[list[Trajectory], Tensor, list[int]]:
     """``groups[b]`` = the rollouts of question b. Returns the trajectories, their ``[N, T]`` token advantages
     (T = the longest call, aligned with ``learner.pack``) and the indices of the questions kept."""
-    solved = [[_solved(t) for t in g] for g in groups]
+    solved = [[final_reward(t, "reference") > 0 for t in g] for g in groups]
     G = max(len(g) for g in groups)
     flags = torch.zeros(len(groups), G, dtype=torch.bool)
     valid = torch.zeros_like(flags)
@@ -64,21 +57,10 @@ def hierarchical_batch(
             for call in t.calls:
                 if call.role not in POLICY_ROLES or not call.token_ids:
                     continue
-                trained = bool(mask[g, call.round])
-                req = Request(
-                    call.call_id,
-                    list(call.prompt_ids),
-                    SamplingParams(max_new_tokens=len(call.token_ids)),
-                    t.problem_id,
-                )
-                traj = Trajectory(
-                    req,
-                    list(call.token_ids),
-                    list(call.logprobs),
-                    list(call.versions),
-                    [int(trained)] * len(call.token_ids),
-                    call.routed_experts,
-                )
+                n = len(call.token_ids)
+                req = Request(call.call_id, list(call.prompt_ids), SamplingParams(max_new_tokens=n), t.problem_id)
+                sampled = (list(call.token_ids), list(call.logprobs), list(call.versions))
+                traj = Trajectory(req, *sampled, [int(mask[g, call.round])] * n, call.routed_experts)
                 traj.finish_reason = call.finish_reason or FINISH_STOP
                 traj.reward = float(rewards[g])
                 trajs.append(traj)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import string
 import zlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from posttrain.rollout.engine import RolloutEngine, run_all
@@ -124,9 +124,6 @@ class Call:
     text: str = ""
     routed_experts: list | None = None
     """The experts the engine's MoE router chose per position (R3; ``RoleCaller.routes``), else None."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

@@ -62,18 +62,10 @@ def solve(cfg: SolveConfig, rows: list[dict[str, Any]]) -> tuple[list[Trace], li
     traces = LemmaAgent(caller, make_verifier(cfg.verifier, caller, cfg.seed), cfg.agent).solve(rows)
     records = []
     for t in traces:
-        credit = trace_credit(t, cfg.reward)
-        final = t.final_answer()
-        ref = t.problem.get("answer")
-        solved = None if ref is None or final is None else answers_match(final.value, str(ref))
-        records.append(
-            {
-                **t.to_dict(),
-                "solved": solved if final is not None or ref is None else False,
-                "credit": asdict(credit),
-                "policy_tokens": t.policy_tokens(),
-            }
-        )
+        final, ref = t.final_answer(), t.problem.get("answer")
+        solved = None if ref is None else final is not None and answers_match(final.value, str(ref))
+        credit = asdict(trace_credit(t, cfg.reward))
+        records.append({**t.to_dict(), "solved": solved, "credit": credit, "policy_tokens": t.policy_tokens()})
     return traces, records
 
 

@@ -32,23 +32,8 @@ from typing import Any
 
 from posttrain.rl.task import math_equal
 
-FUNCTIONS = (
-    "Mod",
-    "gcd",
-    "lcm",
-    "factorial",
-    "binomial",
-    "floor",
-    "ceiling",
-    "divisor_count",
-    "totient",
-    "summation",
-    "sqrt",
-    "Abs",
-    "Max",
-    "Min",
-    "oo",
-    "pi",
+FUNCTIONS = tuple(
+    "Mod gcd lcm factorial binomial floor ceiling divisor_count totient summation sqrt Abs Max Min oo pi".split()
 )
 MAX_CHARS = 300
 MAX_POW_BITS = 4096

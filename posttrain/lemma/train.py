@@ -136,36 +136,17 @@ def debug() -> LemmaTrainConfig:
     """Tiny policy on CPU: 1-step chains, 4 training questions of distinct kinds × 16 rollouts per step, 2 reasoning
     rounds and 1 revision, noisy verifier, one-line role instructions (``prompts="short"``: every character is a
     token, and the full instructions alone are ~300 of a call's ~500 prompt tokens), sampling temperature 0.5, one
-    minibatch per step, 60 steps; a step is ≈ 5–8 s on 2 cores.
+    minibatch per step, 60 steps; a step is ≈ 5–8 s on 2 cores. Each choice was measured (benchmarks/RESULTS.md,
+    "OREAL-H training"):
 
-    Why distinct kinds (``task.distinct_kinds``; benchmarks/RESULTS.md, "OREAL-H training"): the free draw of task
-    seed 0 holds two ``sum`` questions (1 … x0 + 1 with x0 = 8, and 1 … x0 + 6 with x0 = 7). Per-question solve
-    rates showed RL trading one for the other: as the first rose from 0.06 to ≈ 0.6 of 16 rollouts, the second fell
-    from ≈ 1.0 to ≈ 0.35 (seed 2: 0.94 and 0.00). The character-level policy answers the template, not the numbers,
-    and every such run levelled off near a reward of 0.70. With one question per kind every question climbs.
-
-    Cold start: BC on the scripted reasoner's credited rounds (lr 3e-3, batch 16) until the mean loss of a pass is
-    ≤ 0.12 nats/token (at most 60 passes). Measured: a loss of ~1.1 (20 passes) leaves a policy that solves
-    nothing, so every question has pass rate 0 and RL never updates; ~0.01 (100 passes) starts RL saturated. With
-    distinct kinds, 0.08 started two of three seeds at a reward of 0.81–0.86, within 0.1 of the ceiling (a correct
-    answer earns ≈ 0.945 under the noisy verifier's 4 checks), and those runs ended at a solve rate of 0.95–0.96;
-    0.12 starts at 0.60–0.64 and leaves RL room. RL lr 2e-4 (cosine to 1/5): at 1e-3 (and 5e-4) the first
-    updates wreck the just-cloned policy.
-
-    Why temperature 0.5: at temperature 1 the cloned character-level policy's samples are mostly garbled text,
-    and its "solved" rollouts are garbled lines that happen to end in the right number. Every update then
-    reinforces noise: the update moves logprobs the right way on its own batch (up on positive advantages, down on
-    negative ones), yet the solve rate on fresh samples falls with the raw conjugate reward, with 1 or 2
-    minibatches, with 8 or 16 rollouts, with a stronger cold start, and even when only positive advantages are kept
-    (rejection-sampling fine-tuning on its own successes). At 0.5 the samples are the cloned format with the
-    model's uncertainty in the values, and RL has something to sharpen.
-
-    Why 16 rollouts and 60 steps: with 8 rollouts (32 agent runs a step) the per-question solve counts swing by
-    several of 8 from one step to the next and the policy drifts (KL to the cloned policy 0.1–0.3 per token) without
-    improving. With 16 the reward climbs in 10-step blocks. More minibatches or a second pass per batch (with 8
-    rollouts), a constant lr, lr 3e-4, or 24 rollouts did not climb faster (all on the earlier pool). Two-step
-    chains (``task.steps=2``) start at a reward of 0.12–0.25 and questions fall to pass rate 0 (dropped, no
-    gradient) within 10 steps."""
+    - distinct kinds: with two ``sum`` questions in the pool RL traded one's answer for the other's (the
+      character-level policy answers the template, not the numbers) and levelled off near a reward of 0.70;
+    - cold start until a pass's mean BC loss ≤ 0.12 nats/token (lr 3e-3, batch 16, at most 60 passes): ~1.1 leaves
+      a policy that solves nothing (RL never updates), ~0.01 starts RL saturated, 0.08 starts some seeds within 0.1
+      of the ceiling; RL lr 2e-4 cosine to 1/5 (1e-3 and 5e-4 wreck the just-cloned policy);
+    - temperature 0.5: at 1 the cloned policy's samples are garbled text and every update reinforces noise;
+    - 16 rollouts: with 8 the per-question solve counts swing and the policy drifts without improving. Two-step
+      chains (``task.steps=2``) start at a reward of 0.12–0.25 and their questions fall to pass rate 0 (no gradient)."""
     agent = AgentConfig(max_rounds=2, max_revisions=1, reasoner_tokens=150, summariser_tokens=150, reviser_tokens=30)
     learner = LearnerConfig(
         lr=2e-4, schedule="cosine", min_lr_ratio=0.2, n_minibatches=1, kl_beta=0.01, bkl_phi=0.1, seed=0
@@ -343,9 +324,8 @@ class LemmaStage(Stage):
             by_q.setdefault(t.group_id.rsplit("g", 1)[0], []).append(t)
         self.step_index += 1
         credit = {t.request_id: adv[i, : t.n_tokens].tolist() for i, t in enumerate(trajs)}  # round advantages
-        ordered = [t for g in by_q.values() for t in g]
         dropped = [Dropped(q["id"], self.name, "saturated") for b, q in enumerate(qs) if b not in kept]  # pass rate 0/1
-        credit_of = [credit[t.request_id] for t in ordered]
+        credit_of = [credit[t.request_id] for g in by_q.values() for t in g]
         return Batch(list(by_q.values()), self.learner.version, metrics=stats, dropped=dropped, advantages=credit_of)
 
     def train(self, batch: Batch) -> dict[str, Any]:

@@ -143,18 +143,14 @@ class ModelVerifier:
             for it in items
             for j in range(n)
         ]
-        calls = self.caller.generate(prompts)
-        out = []
-        for i in range(len(items)):
-            passes, reasons = [], []
-            for c in calls[i * n : (i + 1) * n]:
-                v = parse_verdict(c.text)
-                passes.append(v is True)
-                why = re.findall(r"^REASON:\s*(.+)$", c.text, re.MULTILINE)
-                verdict = "unparseable judgement" if v is None else ("valid" if v else "invalid")
-                reasons.append(f"{verdict}: {why[-1].strip()[:200]}" if why else verdict)
-            out.append(Verdict(passes, reasons))
-        return out
+        passes, reasons = [], []
+        for c in self.caller.generate(prompts):
+            v = parse_verdict(c.text)
+            passes.append(v is True)
+            why = re.findall(r"^REASON:\s*(.+)$", c.text, re.MULTILINE)
+            verdict = "unparseable judgement" if v is None else ("valid" if v else "invalid")
+            reasons.append(f"{verdict}: {why[-1].strip()[:200]}" if why else verdict)
+        return [Verdict(passes[i * n : (i + 1) * n], reasons[i * n : (i + 1) * n]) for i in range(len(items))]
 
 
 def make_verifier(

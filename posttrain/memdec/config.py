@@ -142,16 +142,8 @@ class MemdecConfig:
 
     def path(self, name: str) -> str:
         """A configured path, or its default under ``work_dir``."""
-        defaults = {
-            "base": "base",
-            "tokenizer": "tokenizer",
-            "domain_train": "data/domain_train.jsonl",
-            "domain_eval": "data/domain_eval.jsonl",
-            "general_train": "data/general_train.jsonl",
-            "general_eval": "data/general_eval.jsonl",
-        }
-        value = getattr(self, name)
-        return value or str(Path(self.work_dir) / defaults[name])
+        default = name if name in ("base", "tokenizer") else f"data/{name}.jsonl"  # where ``prepare`` writes them
+        return getattr(self, name) or str(Path(self.work_dir) / default)
 
     @property
     def store_uri(self) -> str:

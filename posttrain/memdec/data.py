@@ -105,9 +105,7 @@ def load_lm(path: str):
     """A frozen-by-default causal LM in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path)
-    model.eval()
-    return model
+    return AutoModelForCausalLM.from_pretrained(path).eval()
 
 
 @dataclass(frozen=True)

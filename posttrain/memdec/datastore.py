@@ -165,14 +165,11 @@ class InMemoryStore:
         return _Arrays(d_np, v_np, i_np)
 
 
-def knn_from_neighbours(nb: Neighbours, vocab_size: int, tau: float, exclude: np.ndarray | None = None):
-    """Eq 1 from a store's search result: ``[B, V]`` probabilities (float64). Pads (id −1) and, per row, the id in
-    ``exclude`` (the query's own key) get no vote. The distance is used exactly as the store returned it."""
+def knn_from_neighbours(nb: Neighbours, vocab_size: int, tau: float):
+    """Eq 1 from a store's search result: ``[B, V]`` probabilities (float64). Pads (id −1) get no vote. The distance
+    is used exactly as the store returned it."""
     d = torch.from_numpy(np.asarray(nb.distances, dtype=np.float64))
-    ids = torch.from_numpy(np.asarray(nb.ids))
-    mask = ids >= 0
-    if exclude is not None:
-        mask &= ids != torch.from_numpy(np.asarray(exclude, dtype=np.int64)).unsqueeze(-1)
+    mask = torch.from_numpy(np.asarray(nb.ids)) >= 0
     d = torch.where(mask, d, torch.zeros_like(d))  # +inf pads would poison softmax even when masked
     values = torch.from_numpy(np.asarray(nb.values)).clamp(min=0)
     return knn_distribution(d, values, vocab_size, tau=tau, mask=mask)

@@ -28,9 +28,8 @@ def token_scores(base, memory, router: Router, examples: Sequence[Example], pad_
         hb, hm, pb, pm = frozen_outputs(base, memory, b)
         lam = router(hb, hm, pb, pm)
         g = gold(b).unsqueeze(-1)
-        cols["base"].append(pb.gather(-1, g).squeeze(-1).log())
-        cols["memory"].append(pm.gather(-1, g).squeeze(-1).log())
-        cols["fused"].append(fuse(pb, pm, lam).gather(-1, g).squeeze(-1).log())
+        for name, p in (("base", pb), ("memory", pm), ("fused", fuse(pb, pm, lam))):
+            cols[name].append(p.gather(-1, g).squeeze(-1).log())
         cols["lambda"].append(lam)
     return {k: torch.cat(v) for k, v in cols.items()}
 

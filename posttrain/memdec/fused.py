@@ -202,5 +202,4 @@ def load_router(path: Path) -> Router:
     blob = torch.load(path, weights_only=False)
     router = Router(RouterConfig(**blob["config"]))
     router.load_state_dict(blob["state"])
-    router.eval()
-    return router
+    return router.eval()

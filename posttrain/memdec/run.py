@@ -84,24 +84,16 @@ def build(cfg: MemdecConfig, store: KeyValueStore, quiet: bool = False) -> dict:
     """Encode the domain corpus (and corpus shards) into the store (resumable), then write Eq 1 top-k targets."""
     tok, base = _tok_and_base(cfg)
     Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
-    ds = cfg.datastore
+    ds, pad = cfg.datastore, tok.pad_token_id
     _need(cfg.path("domain_train"), "domain corpus", "give domain_train= (jsonl of question/answer rows)")
     sources = [("", cfg.path("domain_train"), load_examples(cfg.path("domain_train"), tok, ds.max_len))]
     if cfg.shards:
         sources.append(("_shards", cfg.shards, shard_examples(cfg.shards, tok, ds.max_len)))
     stats = {"examples": 0, "keys": 0, "resumed_from": {}}
     for suffix, source, examples in sources:
+        cursor, src = Path(cfg.work_dir) / f"datastore_cursor{suffix}.json", str(Path(source).resolve())
         with _bar(len(examples), f"datastore keys{suffix.replace('_', ' ')}", quiet) as bar:
-            st = build_datastore(
-                base,
-                examples,
-                store,
-                Path(cfg.work_dir) / f"datastore_cursor{suffix}.json",
-                tok.pad_token_id,
-                ds.batch_examples,
-                source=str(Path(source).resolve()),
-                progress=bar.update,
-            )
+            st = build_datastore(base, examples, store, cursor, pad, ds.batch_examples, source=src, progress=bar.update)
         stats["examples"] += st["examples"]
         stats["keys"] += st["keys"]
         stats["resumed_from"][suffix.strip("_") or "sft"] = st["resumed_from"]
@@ -112,7 +104,7 @@ def build(cfg: MemdecConfig, store: KeyValueStore, quiet: bool = False) -> dict:
             examples,
             store,
             cfg.targets_path,
-            tok.pad_token_id,
+            pad,
             base.config.vocab_size,
             ds.k,
             ds.tau,

@@ -135,16 +135,13 @@ def write_synthetic(out_dir: str | Path, cfg: SyntheticConfig) -> dict[str, Path
     out = Path(out_dir)
     rng = random.Random(cfg.seed)
     d_train, d_eval = domain_examples(cfg, rng)
-
-    def general(n: int) -> list[dict[str, str]]:
-        return general_examples(n, rng, cfg.n_genes, cfg.general_domain_mix)
-
-    paths = {
-        "domain_train": write_jsonl(out / "data" / "domain_train.jsonl", d_train),
-        "domain_eval": write_jsonl(out / "data" / "domain_eval.jsonl", d_eval),
-        "general_train": write_jsonl(out / "data" / "general_train.jsonl", general(cfg.n_general_train)),
-        "general_eval": write_jsonl(out / "data" / "general_eval.jsonl", general(cfg.n_general_eval)),
+    mix = (rng, cfg.n_genes, cfg.general_domain_mix)
+    sets = {
+        "domain_train": d_train,
+        "domain_eval": d_eval,
+        "general_train": general_examples(cfg.n_general_train, *mix),
+        "general_eval": general_examples(cfg.n_general_eval, *mix),
     }
+    paths = {name: write_jsonl(out / "data" / f"{name}.jsonl", rows) for name, rows in sets.items()}
     write_tokenizer(out / "tokenizer", vocabulary(cfg))
-    paths["tokenizer"] = out / "tokenizer"
-    return paths
+    return paths | {"tokenizer": out / "tokenizer"}

@@ -134,13 +134,13 @@ def run_all(
 
 class QueuedEngine:
     """The bookkeeping every local engine shares: a version, a capacity, a queue of submitted requests and the
-    running ones (subclasses set ``_version``, ``_capacity``, ``_queue`` and ``_running``). ``resume``/``pause``/
-    ``abort`` here serve engines whose running entries carry their trajectory as ``.traj``; others override them."""
+    running ones. ``resume``/``pause``/``abort`` here serve engines whose running entries carry their trajectory as
+    ``.traj``; others override them."""
 
-    _version: int
-    _capacity: int
-    _queue: Any
-    _running: Any
+    def __init__(self, capacity: int, version: int) -> None:
+        self._capacity, self._version = capacity, version
+        self._queue: deque[Trajectory] = deque()
+        self._running: list[Any] = []
 
     @property
     def version(self) -> int:

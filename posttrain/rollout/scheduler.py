@@ -300,8 +300,7 @@ class PartialRolloutScheduler:
         """Discard (restart) it? Pinned restarted trajectories are masked at train time instead."""
         if self.config.pin_restarted and t.attempt > 0:
             return False
-        oldest = t.oldest_version()
-        return (0 if oldest is None else self.version - oldest) > self.config.max_stale
+        return (self.version - t.versions[0] if t.versions else 0) > self.config.max_stale  # its oldest token's lag
 
     def _mask_stale_tokens(self, t: Trajectory) -> None:
         floor = self.version - self.config.max_stale
@@ -342,8 +341,7 @@ class PartialRolloutScheduler:
         gid = f"g{g}"
         reqs = []
         for j in range(self.config.group_size):
-            seed = zlib.crc32(f"{self.seed}/{g}/{j}".encode())
-            params = replace(self.sampling, seed=seed)
+            params = replace(self.sampling, seed=zlib.crc32(f"{self.seed}/{g}/{j}".encode()))
             if self.params_fn is not None:
                 params = self.params_fn(prompt, j, params)
             meta = dict(prompt.meta, prompt_id=prompt.prompt_id)

@@ -158,10 +158,6 @@ class Trajectory:
         """Tokens it may still generate."""
         return self.request.params.target_length - len(self.token_ids)
 
-    def oldest_version(self) -> int | None:
-        """Version of its oldest retained token (None when it has no tokens yet)."""
-        return self.versions[0] if self.versions else None
-
     def append(self, token_id: int, logprob: float, version: int, trained: bool = True) -> None:
         """Add one generated token; versions must not go backwards."""
         if self.versions and version < self.versions[-1]:

@@ -14,7 +14,6 @@ under whatever weights are loaded then, so KV is never reused across versions.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.fit import right_pad
 from posttrain.rollout.engine import ExpertsRecorder, QueuedEngine, StepOutput
 from posttrain.rollout.sampling import draw, sampling_logprobs, token_logprobs_of, token_uniform, without_placeholder
 from posttrain.rollout.types import Request, Trajectory
@@ -117,11 +117,8 @@ class HFEngine(QueuedEngine):
     """``RolloutEngine`` over a causal LM (any ``AutoModelForCausalLM`` that takes a ``DynamicCache``)."""
 
     def __init__(self, model: torch.nn.Module, capacity: int = 64, version: int = 0) -> None:
+        super().__init__(capacity, version)
         self.model = model.eval()
-        self._capacity = capacity
-        self._version = version
-        self._queue: deque[Trajectory] = deque()
-        self._running: list[_Running] = []
         self.experts_recorder: ExpertsRecorder | None = None
         """R3 hook (see ``ExpertsRecorder``); required by requests with ``return_routed_experts``."""
         self.steps = 0
@@ -185,12 +182,10 @@ class HFEngine(QueuedEngine):
 
     def _prefill(self, fresh: list[_Running]) -> list[tuple[_Running, Tensor]]:
         seqs = [r.traj.prompt_ids + r.traj.token_ids for r in fresh]
-        lmax = max(len(q) for q in seqs)
-        ids = torch.zeros(len(seqs), lmax, dtype=torch.long)
-        mask = torch.zeros(len(seqs), lmax, dtype=torch.long)
-        for i, q in enumerate(seqs):
-            ids[i, lmax - len(q) :] = torch.tensor(q)
-            mask[i, lmax - len(q) :] = 1
+        ids, mask = (
+            t.flip(-1) for t in right_pad([q[::-1] for q in seqs])
+        )  # left-padded: the reversed rows right-padded
+        lmax = ids.shape[1]
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         one = len(seqs) == 1  # no padding: the plain unmasked forward
         keep = max(r.traj.n_tokens for r in fresh) + 1  # the last prompt position and every kept token's
@@ -206,12 +201,9 @@ class HFEngine(QueuedEngine):
             self._record(r.traj, experts[i : i + 1] if experts is not None else None, 0, len(q), offset=off)
             t = r.traj
             if t.n_tokens:  # resumed: the kept tokens' logprobs under the weights loaded now (matched-weights BKL)
-                p0 = keep - t.n_tokens - 1  # the last prompt position, counted in the kept logits
-                pr = t.request.params
-                t.rescore(
-                    token_logprobs_of(logits[i, p0 : p0 + t.n_tokens], t.token_ids, pr.temperature, pr.top_p),
-                    self._version,
-                )
+                p0, pr = keep - t.n_tokens - 1, t.request.params  # p0: the last prompt position in the kept logits
+                lps = token_logprobs_of(logits[i, p0 : p0 + t.n_tokens], t.token_ids, pr.temperature, pr.top_p)
+                t.rescore(lps, self._version)
             rows.append((r, logits[i, -1]))
         return rows
 
@@ -234,10 +226,8 @@ class HFEngine(QueuedEngine):
         return rows
 
     def _record(self, traj: Trajectory, experts: Tensor | None, start: int, stop: int, offset: int = 0) -> None:
-        """Record the routes of fed positions [start, stop) (``offset`` = left padding). A re-prefill after a resume
-        recomputes known positions under the new weights: their routes are replaced, so the recorded routes are
-        always those behind the engine's current KV and its rescored logprobs, and the learner's replay at that
-        version reproduces the engine's forward (matched weights, SPEC C3)."""
+        """Record the routes of fed positions [start, stop) (``offset`` = left padding); a re-prefill after a resume
+        replaces known positions' routes (see ``ExpertsRecorder``)."""
         if traj.routed_experts is None:
             return
         if experts is None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -47,7 +46,7 @@ class Running(NamedTuple):
 
 
 class ScriptedEngine(QueuedEngine):
-    """Virtual-clock engine: ``steps`` counts decode steps, ``decoded`` the slot-steps used."""
+    """Virtual-clock engine: ``steps`` counts decode steps."""
 
     def __init__(
         self,
@@ -59,25 +58,20 @@ class ScriptedEngine(QueuedEngine):
         script: Callable[[Request], list[int]] | None = None,
         step_delay_s: float = 0.0,
     ) -> None:
+        super().__init__(capacity, version)
         self.vocab = vocab
         """Token ids are drawn below this (a model's vocabulary size when a learner trains on them)."""
-        self._capacity = capacity
-        self._version = version
         self.length_fn = length_fn
         self.stop_token = stop_token
         """Token appended as the last one of a response that ends before its length limit (-1: none)."""
         self.script, self.step_delay_s = script, step_delay_s
-        self._queue: deque[Trajectory] = deque()
-        self._running: list[Running] = []
         self.emitted: dict[str, list[int]] = {}
         """request id → the ids this engine emitted (what tests compare the trace store with)."""
         self.prompts: dict[str, list[int]] = {}
         """request id → the prompt ids it was given."""
         self.steps = 0
-        self.decoded = 0
         self.resumed: list[str] = []
         """Request ids handed back through ``resume`` (in order)."""
-        self.weight_updates: list[int] = []
 
     def submit(self, requests: Sequence[Request]) -> None:
         for r in requests:
@@ -92,7 +86,6 @@ class ScriptedEngine(QueuedEngine):
         if self._running or self._queue:
             raise RuntimeError("update_weights while requests are held: pause() first")
         self._version = int(version)
-        self.weight_updates.append(int(version))
 
     def step(self) -> StepOutput:
         out = StepOutput()
@@ -115,11 +108,8 @@ class ScriptedEngine(QueuedEngine):
             length = max(1, min(self.length_fn(t), limit))
             pos = t.n_tokens
             last = pos + 1 == length
-            tok = (
-                self.stop_token
-                if (last and length < limit and self.stop_token >= 0)
-                else scripted_token(t, pos, self.vocab)
-            )
+            stop = last and length < limit and self.stop_token >= 0  # ends before its limit: the stop token
+            tok = self.stop_token if stop else scripted_token(t, pos, self.vocab)
             t.append(tok, scripted_logprob(pos, self._version), self._version)
             out.new_tokens[t.request_id] = [tok]
             if last:
@@ -129,7 +119,6 @@ class ScriptedEngine(QueuedEngine):
                 keep.append(r)
         out.n_decoded = len(self._running)
         self.steps += 1
-        self.decoded += out.n_decoded
         self._running = keep
         return out
 

@@ -29,7 +29,6 @@ Run the tests: ``python -m pytest tests/posttrain/rollout/test_speculative_engin
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,15 +102,12 @@ class SpeculativeEngine(QueuedEngine):
     ) -> None:
         if k < 1:
             raise ValueError("k must be ≥ 1")
+        super().__init__(capacity, version)
         self.model = model.eval()
         self.draft = draft.eval()
         self.k = k
-        self._capacity = capacity
-        self._version = version
         self.draft_version = draft_version
         self.verifier = verifier
-        self._queue: deque[Trajectory] = deque()
-        self._running: list[_Req] = []
         self._experts: Tensor | None = None
         self.experts_recorder = None
         """R3 hook on the policy (``ExpertsRecorder``): the routes of every policy forward, recorded per trajectory
@@ -191,8 +187,7 @@ class SpeculativeEngine(QueuedEngine):
 
     def _record(self, traj: Trajectory, row: int, start: int, count: int) -> None:
         """Routes of the last policy forward's ``row`` for its first ``count`` fed positions, which are positions
-        ``start…`` of the trajectory. A re-prefill after a resume replaces known rows (the routes behind the
-        current KV and the rescored logprobs: the learner's replay at that version reproduces this forward)."""
+        ``start…`` of the trajectory; a re-prefill after a resume replaces known rows (see ``ExpertsRecorder``)."""
         if traj.routed_experts is None:
             return
         routes = self._experts[row, :count].tolist()

@@ -21,11 +21,9 @@ is not installed in CI). The pieces that matter for partial rollout:
 - **R3**: with ``enable_return_routed_experts`` vLLM returns ``CompletionOutput.routed_experts``
   ``[positions, layers, top_k]`` starting at ``SamplingParams.routed_experts_prompt_start``; they extend
   ``Trajectory.routed_experts`` (one row per fed position), which ``posttrain.objectives.r3`` replays in the learner.
-- **images**: a request's decoded images (``Request.images``) go in ``multi_modal_data`` with one placeholder per
-  image (``vllm_prompt``: vLLM expands a token prompt's placeholders itself, to the same N the HF processor did); the
-  trajectory keeps the expanded prompt; the placeholder is never sampled (``logit_bias`` -100, as the HF engine's
-  -inf). The VLM export's projector activation ``linear`` is added to vLLM's registry by the
-  ``vllm.general_plugins`` entry point (``register_vllm_plugins``).
+- **images**: a request's decoded images (``Request.images``) go in ``multi_modal_data``, one placeholder per image
+  (``vllm_prompt``); the trajectory keeps the expanded prompt; the placeholder is never sampled (``logit_bias``).
+  ``register_vllm_plugins`` adds the VLM projector's activation to vLLM's registry.
 
 The request/response mapping is pure functions (``vllm_sampling_kwargs``, ``vllm_prompt``,
 ``expand_weight_versions``, ``apply_completion``), unit-tested in ``tests/posttrain/test_vllm_mapping.py`` with
@@ -171,12 +169,6 @@ def expand_weight_versions(spans: Sequence[Any] | None, n_tokens: int) -> list[i
     return out[:n_tokens]
 
 
-def _sampled_logprob(entry: Any, token_id: int) -> float:
-    """``logprobs[i]`` is ``{token_id: Logprob(logprob, rank, decoded_token)}`` (the sampled token is always in it)."""
-    value = entry[token_id]
-    return float(getattr(value, "logprob", value))
-
-
 @dataclass
 class Launch:
     """One vLLM request carrying (part of) a trajectory."""
@@ -205,8 +197,9 @@ def apply_completion(launch: Launch, completion: Any) -> int:
         if completion.logprobs is None or len(completion.logprobs) < len(token_ids):
             raise ValueError(f"{traj.request_id}: vLLM returned no sampled-token logprobs (logprobs=0 not honoured)")
         versions = expand_weight_versions(getattr(completion, "weight_versions", None), len(token_ids))
-        for i, tok in enumerate(new, start=done):
-            traj.append(tok, _sampled_logprob(completion.logprobs[i], tok), versions[i])
+        for i, tok in enumerate(new, start=done):  # logprobs[i]: {token_id: Logprob(logprob, rank, decoded_token)}
+            lp = completion.logprobs[i][tok]  # the sampled token is always in it
+            traj.append(tok, float(getattr(lp, "logprob", lp)), versions[i])
     routes = getattr(completion, "routed_experts", None)
     if traj.routed_experts is not None and routes is not None:
         fed = len(traj.prompt_ids) + traj.n_tokens - 1  # the last sampled token is not fed yet
