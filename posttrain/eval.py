@@ -19,13 +19,13 @@ Tasks live in :data:`TASKS`, a registry: ``@register("name")`` on a function ``(
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from formats import fs
 from posttrain.rl.task import VERIFIERS, encode_prompt, response  # chat rows as RL feeds them (template, images)
 from posttrain.rollout.engine import run_all
 from posttrain.rollout.types import Request, SamplingParams
@@ -95,7 +95,10 @@ def check_of(verifier: str) -> Check:
     passes at full reward."""
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r} (choose from {', '.join(VERIFIERS)})")
-    verify = VERIFIERS[verifier]
+    return _passes(VERIFIERS[verifier])
+
+
+def _passes(verify: Callable[[str, dict[str, Any], bool], float]) -> Check:
     return lambda completion, row, stopped: verify(completion, row, stopped) >= 1.0
 
 
@@ -113,7 +116,7 @@ def jsonl_task(opts: TaskOptions) -> EvalTask:
     if not opts.data:
         raise ValueError("--task jsonl needs --data FILE.jsonl")
     check = check_of(opts.verifier)
-    rows = [json.loads(line) for line in Path(opts.data).read_text().splitlines() if line.strip()]
+    rows = fs.read_jsonl(opts.data)
     for i, r in enumerate(rows):
         r.setdefault("id", str(i))
     return EvalTask(rows, check, opts.max_new_tokens or 256, str(Path(opts.data).parent))
@@ -126,11 +129,7 @@ def lemma_chain_task(opts: TaskOptions) -> EvalTask:
     from posttrain.lemma.tasks import train_test_split, verify_answer
 
     _, test = train_test_split(0, opts.problems, seed=opts.seed)
-
-    def check(completion: str, row: dict[str, Any], stopped: bool) -> bool:
-        return verify_answer(completion, row, stopped) >= 1.0
-
-    return EvalTask(test, check, opts.max_new_tokens or 512)
+    return EvalTask(test, _passes(verify_answer), opts.max_new_tokens or 512)
 
 
 # --- sampling ----------------------------------------------------------------------------------------------------
@@ -189,9 +188,8 @@ def sample(
 def encode_prompts(
     task: EvalTask, tokenizer: Any, processor: Any = None
 ) -> tuple[dict[str, tuple[list[int], Any, tuple]], list[dict[str, str]]]:
-    """Each row's (prompt ids, pixel values or None, decoded images) (``posttrain.rl.task.encode_prompt``, as RL
-    feeds them); a row with image parts goes through ``processor`` (a vision-language model's) and is skipped, with
-    its reason, when an image fails (``formats.chat_images``)."""
+    """Each row's ``posttrain.rl.task.encode_prompt`` (as RL feeds them: image rows through ``processor``); a row
+    whose image fails is skipped, with its reason."""
     from formats.chat_images import BadImage
 
     prompts, skipped = {}, []

@@ -1,8 +1,9 @@
 """One supervised fitting loop: ``fit(model, batches, loss_fn, FitConfig)`` (masked cross-entropy by default).
 
-Used by the lemma agent's behavioural cloning (``lemma/train.py``, the cold start), on-policy distillation's SFT
-warm-up and toy teachers (``rl/distill.py``), the Memory Decoder's base, memory and router (``memdec/train.py``) and
-the online draft (``rl/draft.py``) and SFT (``sft.py``, on a DeepSpeed engine); ``progress_bar`` is their loops' bar.
+Used by the RL learner's minibatch steps (``rl/learner.py``), the lemma agent's behavioural cloning (``lemma/train.py``,
+the cold start), on-policy distillation's SFT warm-up and toy teachers (``rl/distill.py``), the Memory Decoder's base,
+memory and router (``memdec/train.py``), the online draft (``rl/draft.py``) and SFT (``sft.py``, on a DeepSpeed
+engine); ``progress_bar`` is their loops' bar.
 
     python -c "from posttrain.fit import FitConfig, fit; from posttrain.tiny.lm import causal_lm; import torch; \
 m = causal_lm(16, 32); x = torch.randint(0, 16, (4, 8)); \

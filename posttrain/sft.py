@@ -294,8 +294,7 @@ _ROW_KEYS = ("input_ids", "targets", "position_ids", "seq_ids", "pixel_values")
 
 def pack(examples: Sequence[Example], seq_len: int) -> list[dict[str, list[Any]]]:
     """Greedy first-fit in order: rows of ``input_ids``, ``targets``, ``position_ids`` (restart per example),
-    ``seq_ids`` (1, 2, … per example in the row; 0 = padding) and ``pixel_values`` (the image examples' pixel values
-    in example order, so in the order of the row's image tokens)."""
+    ``seq_ids`` (1, 2, … per example in the row; 0 = padding) and ``pixel_values`` (see the module docstring)."""
     rows: list[dict[str, list[Any]]] = []
     cur: dict[str, list[Any]] = {k: [] for k in _ROW_KEYS}
     for ex in examples:
@@ -314,10 +313,8 @@ def pack(examples: Sequence[Example], seq_len: int) -> list[dict[str, list[Any]]
         rows.append(cur)
     for r in rows:  # pad to seq_len: padding is its own (masked) sample with no targets
         pad = seq_len - len(r["input_ids"])
-        r["input_ids"] += [0] * pad
-        r["targets"] += [IGNORE] * pad
-        r["position_ids"] += [0] * pad
-        r["seq_ids"] += [0] * pad
+        for key, fill in (("input_ids", 0), ("targets", IGNORE), ("position_ids", 0), ("seq_ids", 0)):
+            r[key] += [fill] * pad
     return rows
 
 

@@ -42,8 +42,7 @@ def loo_advantages(rewards: Tensor, group_mask: Tensor | None = None) -> Tensor:
     g = valid.sum(dim=-1, keepdim=True)
     if bool((g == 1).any()):
         raise ValueError("LOO needs at least 2 responses in every non-empty group")
-    total = r.sum(dim=-1, keepdim=True)
-    adv = r - (total - r) / (g - 1).clamp(min=1).to(r.dtype)
+    adv = r - (r.sum(dim=-1, keepdim=True) - r) / (g - 1).clamp(min=1).to(r.dtype)
     return torch.where(valid, adv, torch.zeros_like(adv))
 
 
@@ -58,8 +57,7 @@ def degenerate_groups(rewards: Tensor, group_mask: Tensor | None = None, atol: f
     big = torch.finfo(rewards.dtype).max if rewards.is_floating_point() else torch.iinfo(rewards.dtype).max
     hi = torch.where(valid, rewards, torch.full_like(rewards, -big)).amax(dim=-1)
     lo = torch.where(valid, rewards, torch.full_like(rewards, big)).amin(dim=-1)
-    empty = ~valid.any(dim=-1)
-    return empty | ((hi - lo) <= atol)
+    return ~valid.any(dim=-1) | ((hi - lo) <= atol)
 
 
 def group_entropy(logprobs: Tensor, token_mask: Tensor, group_mask: Tensor | None = None) -> Tensor:
@@ -68,11 +66,13 @@ def group_entropy(logprobs: Tensor, token_mask: Tensor, group_mask: Tensor | Non
     The sequence surprisal of each response, averaged over the K real responses of the group.
     logprobs, token_mask: ``[..., G, T]``; group_mask: ``[..., G]``. Returns ``[...]``.
     """
-    tm = token_mask.bool()
-    surprisal = -torch.where(tm, logprobs, torch.zeros_like(logprobs)).sum(dim=-1)  # [..., G]
-    valid = _valid(surprisal, group_mask)
-    k = valid.sum(dim=-1).clamp(min=1).to(surprisal.dtype)
-    return torch.where(valid, surprisal, torch.zeros_like(surprisal)).sum(dim=-1) / k
+    surprisal = -torch.where(token_mask.bool(), logprobs, torch.zeros_like(logprobs)).sum(dim=-1)  # [..., G]
+    return _group_mean(surprisal, _valid(surprisal, group_mask))
+
+
+def _group_mean(x: Tensor, valid: Tensor) -> Tensor:
+    k = valid.sum(dim=-1).clamp(min=1).to(x.dtype)
+    return torch.where(valid, x, torch.zeros_like(x)).sum(dim=-1) / k
 
 
 @dataclass(frozen=True)
@@ -241,9 +241,7 @@ def shape_packed(
     ``segment_sums``).
     """
     valid = _valid(rewards, group_mask)
-    surprisal = -segment_sums(logprobs, lengths, backend)
-    k = valid.sum(dim=-1).clamp(min=1).to(surprisal.dtype)
-    ent = torch.where(valid, surprisal, torch.zeros_like(surprisal)).sum(dim=-1) / k
+    ent = _group_mean(-segment_sums(logprobs, lengths, backend), valid)
     return _shape_core(rewards, valid, ent, lengths if config.length is not None else None, config)
 
 

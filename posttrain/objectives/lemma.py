@@ -159,10 +159,8 @@ class LemmaGraph:
         missing = [t for t in terminal if t not in self.index]
         if missing:
             raise KeyError(f"unknown terminal lemma(s) {missing}")
-        seed = values.clone()
-        seed[[self.index[t] for t in terminal]] = reward
-        values = seed
-        adj = self.adjacency.to(torch.float64)
+        values[[self.index[t] for t in terminal]] = reward
+        seed, adj = values, self.adjacency.to(torch.float64)
         # Each pass pushes value one edge further back; a DAG on n nodes settles within n passes.
         for _ in range(n):
             pulled = gamma * (adj * values.unsqueeze(0)).amax(dim=1)

@@ -53,13 +53,10 @@ def knn_distribution(
 
 
 def memory_loss(p_knn: Tensor, memory_logits: Tensor, gold: Tensor, beta: float = 0.5) -> Tensor:
-    """Eq 2: ``β·KL(p_kNN ‖ p_mem) + (1−β)·CE(p_mem, gold)``, batch mean. β is ours (no value given)."""
-    dt = torch.promote_types(memory_logits.dtype, torch.float32)
-    log_mem = torch.log_softmax(memory_logits.to(dt), dim=-1)
-    p = p_knn.detach().to(dt)
-    kl = (torch.special.xlogy(p, p) - p * log_mem).sum(dim=-1)
-    ce = -log_mem.gather(-1, gold.unsqueeze(-1).to(torch.int64)).squeeze(-1)
-    return (beta * kl + (1.0 - beta) * ce).mean()
+    """Eq 2: ``β·KL(p_kNN ‖ p_mem) + (1−β)·CE(p_mem, gold)``, batch mean. β is ours (no value given).
+    A dense ``[B, V]`` p_kNN: :func:`sparse_memory_loss` with every token of the vocabulary listed."""
+    every = torch.arange(p_knn.shape[-1], device=p_knn.device).expand(p_knn.shape)
+    return sparse_memory_loss(every, p_knn, memory_logits, gold, beta)
 
 
 def sparse_memory_loss(

@@ -127,12 +127,9 @@ def policy_loss_and_grad(
     n_tokens: Tensor | float | None = None,
     grad_out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, LossStats]:
-    """``policy_loss`` (padded layout, same arguments) as ``(loss, d loss / d logprobs, stats)``.
-
-    No autograd graph is built: the gradient is the closed form −m·ρ̄·Ã/Σ|y| (exact, since ρ̄ is
-    detached). ``grad_out`` (same shape as logprobs) receives the gradient if given. Equal to
-    ``policy_loss`` + ``backward`` up to float rounding (tests/posttrain/test_policy_loss.py).
-    """
+    """``policy_loss`` (padded layout, same arguments) as ``(loss, d loss / d logprobs, stats)``, no autograd graph
+    (the closed form above); ``grad_out`` (same shape as logprobs) receives the gradient if given. Equal to
+    ``policy_loss`` + ``backward`` up to float rounding (tests/posttrain/test_policy_loss.py)."""
     resp = response_mask.bool()
     keep = resp if keep_mask is None else (keep_mask.bool() & resp)
     if advantages.dim() == logprobs.dim() - 1:
@@ -231,26 +228,15 @@ def _fused_loss_and_grad(
 
 
 class PolicyLossFn(torch.autograd.Function):
-    """Eq 29 loss as an autograd node whose backward is the saved closed-form gradient.
-
-    ``PolicyLossFn.apply(logprobs, behaviour_logprobs, advantages, mask_or_lengths, keep_mask, clip,
-    n_tokens, packed)`` returns the scalar loss; ``loss.backward()`` sends −m·ρ̄·Ã/Σ|y| (times the
-    incoming gradient) into ``logprobs`` and on into the model. Gradients to the other inputs are
-    None (ρ̄ and Ã are detached by definition). Use ``fused_policy_loss`` for the (loss, stats) API.
-    """
+    """Eq 29 loss as an autograd node whose backward is the saved closed-form gradient: ``apply`` (``forward``'s
+    arguments) returns the scalar loss; ``loss.backward()`` sends −m·ρ̄·Ã/Σ|y| (times the incoming gradient) into
+    ``logprobs`` only (ρ̄ and Ã are detached by definition). Use ``fused_policy_loss`` for the (loss, stats) API."""
 
     @staticmethod
     def forward(ctx, logprobs, behaviour_logprobs, advantages, mask_or_lengths, keep_mask, clip, n_tokens, packed):  # noqa: ANN001, ANN205
         fn = packed_policy_loss_and_grad if packed else policy_loss_and_grad
-        loss, grad, stats = fn(
-            logprobs.detach(),
-            behaviour_logprobs.detach(),
-            advantages.detach(),
-            mask_or_lengths,
-            keep_mask,
-            clip,
-            n_tokens,
-        )
+        lp, beh, adv = (t.detach() for t in (logprobs, behaviour_logprobs, advantages))
+        loss, grad, stats = fn(lp, beh, adv, mask_or_lengths, keep_mask, clip, n_tokens)
         ctx.save_for_backward(grad)
         ctx.stats = stats
         return loss

@@ -129,8 +129,7 @@ class RoutingRecorder(_RouterHooks):
         if len(counts) != 1:
             raise RuntimeError(f"router layers saw different numbers of forwards: {sorted(counts)}")
         if counts == {0}:
-            k = self.routers[0].top_k
-            return torch.empty(0, len(self.routers), k, dtype=self.dtype)
+            return torch.empty(0, len(self.routers), self.routers[0].top_k, dtype=self.dtype)
         per_layer = [torch.cat(calls, dim=0) for calls in self._calls]
         self.clear()
         return torch.stack(per_layer, dim=1)

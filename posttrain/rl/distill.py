@@ -136,17 +136,11 @@ def debug(**overrides: Any) -> DistillConfig:
 
 
 def experts(**overrides: Any) -> DistillConfig:
-    """Real teachers and student from paths, real prompts from one jsonl file per domain.
-
-    A real run needs: ``--teacher DOMAIN=DIR`` per domain (Hugging Face directories with their tokenizers, e.g. two
-    domain experts: ``posttrain sft`` (or ``rl``) runs from the same SFT checkpoint on different data, their
-    ``DIR/policy``), ``--student DIR`` (e.g. that SFT checkpoint's ``DIR/policy``), every tokenizer identical to the
-    student's (refused otherwise), and ``--prompts DOMAIN=FILE`` for each teacher's domain (jsonl rows
-    ``{"prompt": ...}`` or ``{"messages": [...]}``, chats rendered with the student's chat template). Memory: the
-    student in fp32 with Adam state plus every teacher in fp32 on the CPU (``--set lr=...``, ``max_new_tokens``,
-    ``queries_per_domain`` and ``samples_per_query`` size the run; a 0.5B student and two 0.5B teachers need
-    ~12 GB). Defaults: 200 steps, 8 queries × 4 samples per domain per step, 256-token responses stopping at the
-    tokenizer's EOS, lr 1e-6, no SFT warm-up."""
+    """Real teachers and student from paths, real prompts from one jsonl file per domain (what a run needs: the
+    module docstring; the student may be the experts' common SFT checkpoint's ``DIR/policy``). Memory: the student
+    in fp32 with Adam state plus every teacher in fp32 on the CPU (a 0.5B student and two 0.5B teachers need
+    ~12 GB; ``max_new_tokens``, ``queries_per_domain`` and ``samples_per_query`` size the run). Responses stop at
+    the tokenizer's EOS."""
     cfg = DistillConfig(
         toy=False,
         steps=200,
@@ -346,10 +340,8 @@ def train_teacher(cfg: DistillConfig, domain: str) -> torch.nn.Module:
 
 # -- the stage ---------------------------------------------------------------------------------------------------
 class DistillStage(Stage):
-    """``posttrain distill`` as a stage of the one driver (``posttrain.rl.loop.run_stage``): the student samples
-    on-policy through its engine (the rollout workflow), each query is scored by its own domain's teacher, and the
-    learner's update takes the OPD advantage λ_d·(log π_T − log π_prox) against the proximal student it computes
-    at the start of the update (the Eq 29 objective with ``distill_loss``'s advantage)."""
+    """``posttrain distill`` (the module docstring) as a stage of the one driver (``posttrain.rl.loop.run_stage``);
+    π_prox is the student the learner scores the batch with at the start of its update."""
 
     name = "posttrain distill"
 
@@ -374,8 +366,7 @@ class DistillStage(Stage):
             seed=cfg.seed,
         )
         self.learner = Learner(student, lcfg, temperature=cfg.temperature, total_versions=cfg.steps)
-        self.student = student
-        self.teachers = teachers
+        self.student, self.teachers = student, teachers
         self.router = DomainRouter({d: DomainRoute(teacher=d, weight=cfg.weights.get(d, 1.0)) for d in teachers})
         self.scorer = TeacherScorer(TeacherConfig(path="<in-process>"))
         self.moe = engines.config_is_moe(student.config)  # R3: the engine records routes, the learner replays them
@@ -412,8 +403,7 @@ class DistillStage(Stage):
         cfg = self.cfg
         self._step += 1
         by_domain = {d: self.source.draw(d, cfg.queries_per_domain) for d in self.teachers}
-        seeds = 1000 * self._step
-        reqs = self._requests(f"s{self._step}", by_domain, cfg.samples_per_query, seeds, routes=self.moe)
+        reqs = self._requests(f"s{self._step}", by_domain, cfg.samples_per_query, 1000 * self._step, routes=self.moe)
         trajs = run_all(self.engine, reqs)
         groups: dict[str, list[Trajectory]] = {}
         for t in trajs:
@@ -427,7 +417,8 @@ class DistillStage(Stage):
         trajs = [t for g in batch.groups for t in g]
         p = pack(trajs)
         teacher_lp = padded(batch.teacher_logprobs, p.behaviour)
-        weights = self.router.route([t.request.meta["domain"] for t in trajs]).weights
+        domains = [t.request.meta["domain"] for t in trajs]
+        weights = self.router.route(domains).weights
         proximal: list[Tensor] = []
 
         def advantage(prox: Tensor) -> Tensor:  # Eq 33–36: λ_d · sg[log π_T − log π_prox] on response tokens
@@ -435,14 +426,11 @@ class DistillStage(Stage):
             adv = torch.where(p.response_mask, opd_advantage(teacher_lp, prox), torch.zeros_like(prox))
             return adv * weights.to(adv.dtype).unsqueeze(-1)
 
-        m = self.learner.update(p, advantage)
-        prox = proximal[0]
-        row: dict[str, Any] = dict(m)
-        domains = [t.request.meta["domain"] for t in trajs]
+        row: dict[str, Any] = self.learner.update(p, advantage)
         for d in self.teachers:
             rows = torch.tensor([x == d for x in domains])
             mask = p.response_mask[rows]
-            gap = ((prox[rows] - teacher_lp[rows]) * mask).sum() / mask.sum()
+            gap = ((proximal[0][rows] - teacher_lp[rows]) * mask).sum() / mask.sum()
             row[f"gap_{d}"] = float(gap)  # mean log π_S − log π_T on the student's own samples
         row.update(self.evaluate())
         return row
@@ -491,10 +479,9 @@ class DistillStage(Stage):
             s_logits = self.student(input_ids=p.input_ids, attention_mask=p.attention_mask).logits
             t_logits = self.teachers[d](input_ids=p.input_ids, attention_mask=p.attention_mask).logits
             v = min(s_logits.shape[-1], t_logits.shape[-1])  # real models may pad their vocabularies differently
-            s_logits, t_logits = s_logits[..., :v], t_logits[..., :v]
             idx = p.positions.unsqueeze(-1).expand(-1, -1, v)
-            ls = sampling_logprobs(s_logits.gather(1, idx), self.cfg.temperature)
-            lt = sampling_logprobs(t_logits.gather(1, idx))
+            ls = sampling_logprobs(s_logits[..., :v].gather(1, idx), self.cfg.temperature)
+            lt = sampling_logprobs(t_logits[..., :v].gather(1, idx))
             kl = (ls.exp() * (ls - lt)).sum(-1)
             m = p.response_mask.float()
             out[f"rkl_{d}"] = float((kl * m).sum() / m.sum())

@@ -31,8 +31,7 @@ class DraftTrainer:
     """Owns the trainable draft, its optimizer, the running acceptance and the draft version."""
 
     def __init__(self, draft: torch.nn.Module, cfg: SpeculativeConfig) -> None:
-        self.draft = draft
-        self.cfg = cfg
+        self.draft, self.cfg = draft, cfg
         self.opt = torch.optim.Adam(draft.parameters(), lr=cfg.draft_lr)
         self.tracker = AcceptanceTracker(cfg.k, decay=cfg.decay)
         self.version = 0

@@ -69,9 +69,7 @@ class PolicyConfig:
     attn_implementation: str = "sdpa"
     """The same attention implementation on engine and learner (their logprobs must agree)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """The engine's copy of the policy (the precision map: the learner keeps fp32 master weights and computes
-    logprobs and the loss in fp32; the engine samples in this dtype; sampling logprobs are fp32 math on its
-    logits)."""
+    """The engine's copy of the policy; the learner keeps fp32 master weights (the precision map: module docstring)."""
     arch: Literal["qwen2", "qwen2_moe"] = "qwen2"
     """Tiny policy only: dense Qwen2, or Qwen2-MoE (4 experts, top-2) to exercise R3."""
 
@@ -110,16 +108,13 @@ def resolve(cfg: Any, kinds: tuple[str, ...] = KINDS, stage: str = "posttrain rl
             ) from None
         if cfg.policy.path is None:
             raise EngineRefused("engine.kind=vllm needs policy.path (vLLM loads the model from a directory or name)")
-    if kind == "fused" and cfg.engine.ray is not None:
-        raise EngineRefused(
-            "engine.kind=fused on Ray: refused. The fused model's router λ statistics (memdec_lambda_mean) are read "
-            "from the engine in the driver's process; run the fused engine in process (no engine.ray)"
-        )
-    if kind == "scripted" and cfg.engine.ray is not None:
-        raise EngineRefused(
-            "engine.kind=scripted on Ray: refused. The scripted engine is a test double with no "
-            "weights to ship; run it in process"
-        )
+    not_on_ray = {
+        "fused": "The fused model's router λ statistics (memdec_lambda_mean) are read from the engine in the driver's "
+        "process; run the fused engine in process (no engine.ray)",
+        "scripted": "The scripted engine is a test double with no weights to ship; run it in process",
+    }
+    if kind in not_on_ray and cfg.engine.ray is not None:
+        raise EngineRefused(f"engine.kind={kind} on Ray: refused. {not_on_ray[kind]}")
     if cfg.engine.ray is not None and cfg.engine.workers < 1:
         raise EngineRefused(f"engine.workers={cfg.engine.workers}: at least one Ray worker")
     if kind not in CAN_RECORD_ROUTES and policy_is_moe(cfg.policy):  # asked only then: --print-config stays offline
@@ -295,9 +290,7 @@ class EngineFactory:
             from posttrain.rollout.engines.scripted import ScriptedEngine
 
             path = cfg.policy.path
-            vocab = (
-                AutoConfig.from_pretrained(path).vocab_size if path else build_policy(cfg.policy)[0].config.vocab_size
-            )
+            vocab = (AutoConfig.from_pretrained(path) if path else build_policy(cfg.policy)[0].config).vocab_size
             return ScriptedEngine(capacity=self.capacity, version=self.version, vocab=vocab)
         if kind == "vllm":
             from posttrain.rollout.engines.vllm import VLLMConfig, VLLMEngine

@@ -209,8 +209,7 @@ class Learner:
         if batch.advantages is not None:  # the stage's own per-token credit
             return self.update(p, padded(batch.advantages, p.behaviour))
         B, G, T = len(groups), max(len(g) for g in groups), p.tokens.shape[1]
-        slot = [(b, j) for b, g in enumerate(groups) for j in range(len(g))]
-        bi, gj = torch.tensor([s[0] for s in slot]), torch.tensor([s[1] for s in slot])
+        bi, gj = torch.tensor([(b, j) for b, g in enumerate(groups) for j in range(len(g))]).T
         rewards, gmask = torch.zeros(B, G), torch.zeros(B, G, dtype=torch.bool)
         rewards[bi, gj], gmask[bi, gj] = torch.tensor([float(t.reward) for t in trajs]), True
         beh3, tm3 = torch.zeros(B, G, T), torch.zeros(B, G, T, dtype=torch.bool)
@@ -247,33 +246,26 @@ class Learner:
         if callable(adv):
             adv = adv(lp_now)
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.version)
-        chunks = []
-        for _ in range(cfg.update_epochs):
-            order = torch.randperm(n, generator=gen)
-            chunks += [c for c in order.chunk(min(cfg.n_minibatches, n)) if len(c)]
-        losses, clip_fracs, kls = [], [], []
-        for idx in chunks:
+        k = min(cfg.n_minibatches, n)  # each epoch a fresh order, cut into k minibatches
+        chunks = [c for _ in range(cfg.update_epochs) for c in torch.randperm(n, generator=gen).chunk(k) if len(c)]
+        clip_fracs, kls = [], []
+
+        def minibatch_loss(model: torch.nn.Module, idx: Tensor) -> Tensor:
             sub = p.select(idx)
-            lp = token_logprobs(self.model, sub, self.temperature, self.top_p)
+            lp = token_logprobs(model, sub, self.temperature, self.top_p)
             loss, st = policy_loss(lp, sub.behaviour, adv[idx], sub.response_mask, keep[idx], cfg.clip)
+            clip_fracs.append(float(st.clip_fraction))
             if ref is not None:
                 m = keep[idx]
                 d = (ref[idx] - lp).masked_fill(~m, 0.0)
                 k3 = (d.exp() - 1 - d).masked_fill(~m, 0.0).sum() / m.sum().clamp(min=1)
                 loss = loss + cfg.kl_beta * k3
                 kls.append(float(k3.detach()))
-            for o in self.optimizers:
-                o.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            for o, sch in zip(self.optimizers, self.schedulers):
-                o.step()
-                sch.step()
-            losses.append(float(loss.detach()))
-            clip_fracs.append(float(st.clip_fraction))
+            return loss
+
+        fit_cfg = fit.FitConfig(grad_clip=cfg.grad_clip)
+        losses = fit.fit(self.model, chunks, minibatch_loss, fit_cfg, self.optimizers, schedulers=self.schedulers)
         self.version += 1
-        self.model.eval()
         self.last_mask = {"compared": compared, "kept": keep, "response": p.response_mask}
         """The last update's BKL bookkeeping (``[N, T]`` bools), for diagnostics and tests."""
         n_resp = int(p.response_mask.sum())

@@ -29,13 +29,13 @@ from posttrain.fit import FitConfig, fit, masked_ce, progress_bar
 from posttrain.rl import engines
 from posttrain.rl.draft import DraftTrainer
 from posttrain.rl.learner import Learner
-from posttrain.rl.recipes import RLConfig, to_dict
+from posttrain.rl.recipes import RLConfig
 from posttrain.rl.task import VERIFIERS, JsonlTask, TaskSource, countdown_rows
 from posttrain.rollout.engine import RolloutEngine
 from posttrain.rollout.scheduler import Batch, PartialRolloutScheduler, SyncScheduler
 from posttrain.rollout.types import SamplingParams
 
-build_policy, build_draft, build_fused = engines.build_policy, engines.build_draft, engines.build_fused
+build_policy, build_draft = engines.build_policy, engines.build_draft
 
 
 def build_task(cfg: RLConfig) -> JsonlTask:
@@ -104,9 +104,7 @@ class Stage:
     """A recipe of the driver: what feeds the learner and how it learns. ``posttrain rl`` (``RLStage``: the
     partial-rollout scheduler over a verifiable task), ``posttrain agentic`` (harness sessions through the gateway,
     ``posttrain.agentic.rl``), ``posttrain distill`` (on-policy distillation, ``posttrain.rl.distill``) and
-    ``posttrain lemma train`` (``posttrain.lemma.train``). The defaults: the config as a dict, no warm-up, the
-    learner's weights loaded into ``self.engine``, a row of the batch's stats and every training metric, no state of
-    its own, the engine stopped at the end."""
+    ``posttrain lemma train`` (``posttrain.lemma.train``). The methods below are the defaults."""
 
     name: str
     steps: int
@@ -160,10 +158,7 @@ def run_stage(
     export_every: int = 0,
 ) -> list[dict[str, Any]]:
     """The driver: collect → train → sync → log/checkpoint, ``stage.steps`` times; the policy goes to ``out/policy``.
-
-    A checkpoint holds the step, the learner and the stage's state; rows are written before it, and ``resume``
-    trims rows (and ``trained.jsonl``) newer than it, so a kill -9 anywhere loses nothing and trains nothing twice.
-    """
+    A checkpoint holds the step, the learner and the stage's state (rows and resume: the module docstring)."""
     run_dir = RunDir(out, resume=resume, logs=("trained.jsonl",))
     rows: list[dict[str, Any]] = []
     try:
@@ -255,9 +250,6 @@ class RLStage(Stage):
             engines.stop_engine(cfg)
             raise
 
-    def config(self) -> dict[str, Any]:
-        return to_dict(self.cfg)
-
     def collect(self) -> Batch:
         return self.sched.collect()
 
@@ -273,11 +265,31 @@ class RLStage(Stage):
         self.sched.sync(self.learner.weights(), self.learner.version)
 
     def row(self, batch: Batch, metrics: dict[str, Any]) -> dict[str, Any]:
-        return metrics_row(batch, metrics)
+        """The per-step row: the batch's collection statistics and every metric of the step's training."""
+        st = batch.stats
+        trajs = [t for g in batch.groups for t in g]
+        return {
+            "version": batch.version + 1,
+            "reward": sum(t.reward for t in trajs) / len(trajs),
+            "response_length": st.mean_trained_length,
+            "sampled_length": st.mean_finished_length,
+            "discarded_stale": st.discarded_trajectories,
+            "discarded_stale_tokens": st.discarded_tokens,
+            "stale_masked_tokens": st.stale_masked_tokens,
+            "dapo_dropped_groups": st.dapo_dropped_groups,
+            # Run-to-date: a step whose batch came entirely from carried-over groups takes no engine step.
+            "occupancy": st.occupancy_cumulative,
+            "old_version_fraction": st.old_version_fraction,
+            "old_version_tokens": st.old_version_tokens,
+            "trained_tokens": st.trained_tokens,
+            "engine_steps": st.engine_steps,
+            "max_lag": st.max_lag,
+            "in_flight": st.in_flight,
+            **metrics,  # every learner metric, and the draft's, the fused engine's
+        }
 
     def state_dict(self) -> dict[str, Any]:
-        draft = self.drafter.state_dict() if self.drafter is not None else None
-        return {"scheduler": self.sched.state_dict(), "draft": draft}
+        return {"scheduler": self.sched.state_dict(), "draft": self.drafter.state_dict() if self.drafter else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # The engine was started at version 0: it takes the restored learner's weights, version and draft.
@@ -311,32 +323,6 @@ def chase_draft(drafter: DraftTrainer, engine: Any, batch: Batch, learner: Learn
     engine.update_draft(drafter.weights(), drafter.version)
     dm["engine_draft_version"] = engine.draft_version  # with Ray: the version every worker holds
     return dm
-
-
-def metrics_row(batch: Batch, lm: dict[str, float]) -> dict[str, Any]:
-    """The per-step row: the batch's collection statistics and every metric of the step's training."""
-    st = batch.stats
-    trajs = [t for g in batch.groups for t in g]
-    row = {
-        "version": batch.version + 1,
-        "reward": sum(t.reward for t in trajs) / len(trajs),
-        "response_length": st.mean_trained_length,
-        "sampled_length": st.mean_finished_length,
-        "discarded_stale": st.discarded_trajectories,
-        "discarded_stale_tokens": st.discarded_tokens,
-        "stale_masked_tokens": st.stale_masked_tokens,
-        "dapo_dropped_groups": st.dapo_dropped_groups,
-        # Run-to-date: a step whose batch came entirely from carried-over groups takes no engine step.
-        "occupancy": st.occupancy_cumulative,
-        "old_version_fraction": st.old_version_fraction,
-        "old_version_tokens": st.old_version_tokens,
-        "trained_tokens": st.trained_tokens,
-        "engine_steps": st.engine_steps,
-        "max_lag": st.max_lag,
-        "in_flight": st.in_flight,
-    }
-    row.update(lm)  # every learner metric, and the draft's, the fused engine's
-    return row
 
 
 def export(model: torch.nn.Module, tokenizer: Any, path: Path) -> Path:

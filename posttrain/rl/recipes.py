@@ -157,9 +157,7 @@ def smol(**overrides: Any) -> RLConfig:
 def debug_moe(**overrides: Any) -> RLConfig:
     """``debug`` on a tiny Qwen2-MoE policy (4 experts, top-2): R3 records routes in the engine and the learner
     replays them; every metrics row reports ``r3_replayed_tokens``."""
-    cfg = debug()
-    cfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, arch="qwen2_moe"), steps=20)
-    return with_overrides(cfg, overrides)
+    return debug(**{"policy.arch": "qwen2_moe", "steps": 20, **overrides})
 
 
 RECIPES: dict[str, Callable[..., RLConfig]] = {"debug": debug, "debug-moe": debug_moe, "small": small, "smol": smol}

@@ -274,14 +274,11 @@ class TaskSource:
         if not self.rows:
             raise ValueError(f"every task row was skipped ({len(self.skipped)}: bad images)")
 
-    def _order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.rows)))
-        random.Random(f"{self.seed}/{epoch}").shuffle(order)
-        return order
-
     def next_prompt(self) -> Prompt:
         epoch, i = divmod(self.cursor, len(self.rows))
-        row = self.rows[self._order(epoch)[i]]
+        order = list(range(len(self.rows)))
+        random.Random(f"{self.seed}/{epoch}").shuffle(order)
+        row = self.rows[order[i]]
         self.cursor += 1
         ids, pixels, images = encode_prompt(row, self.tokenizer, self.processor, self.task.base)
         return Prompt(str(row["id"]), ids, {"row_id": str(row["id"])}, pixel_values=pixels, images=images)
