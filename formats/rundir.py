@@ -9,7 +9,8 @@
 
 Layout: ``config.json``, ``metrics.jsonl`` (one row per step, each with ``step``), ``tb/`` (TensorBoard events),
 ``checkpoint/state.pt`` (committed whole by ``fs.open_output``: a kill -9 leaves the old or the new file, never
-half of one) and ``policy/`` (the Hugging Face model a stage hands to the next one). Rows are written before the
+half of one) and ``policy/`` (the Hugging Face model a stage hands to the next one). DeepSpeed runs (pre-training,
+SFT) checkpoint under ``ckpt/`` instead, configured by ``deepspeed_json``. Rows are written before the
 checkpoint, so after a kill the rows past the checkpoint's step are trimmed on resume and the step is redone.
 
 TensorBoard events are written with the ``tensorboard`` package's own event writer, so this module stays free of
@@ -148,3 +149,34 @@ class RunDir:
         ]
         self._tb.add_event(Event(wall_time=time.time(), step=int(row["step"]), summary=Summary(value=values)))
         self._tb.flush()
+
+
+def deepspeed_json(
+    micro_batch: int,
+    grad_accum: int,
+    world_size: int,
+    grad_clip: float,
+    precision: str,
+    zero_stage: int,
+    load_universal: bool = False,
+) -> dict[str, Any]:
+    """The DeepSpeed JSON of a run with a client optimizer and its own logging: pre-training (``pretrain.config``)
+    and SFT (``posttrain.sft``) alike (a dict: this module stays free of DeepSpeed)."""
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    if not 0 <= zero_stage <= 3:
+        raise ValueError(f"zero_stage must be 0..3, got {zero_stage}")
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch * grad_accum * world_size,
+        "gradient_clipping": grad_clip,
+        "bf16": {"enabled": precision == "bf16"},
+        "zero_optimization": {"stage": zero_stage},
+        # A client torch.optim.AdamW is a documented, tested path; DeepSpeed only warns about it under ZeRO.
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 10**9,  # we log ourselves; DeepSpeed's own print is noise
+        "wall_clock_breakdown": False,
+        "checkpoint": {"load_universal": load_universal},
+    }

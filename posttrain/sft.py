@@ -387,23 +387,6 @@ class Batches:
 # --- training ----------------------------------------------------------------------------------------------------
 
 
-def deepspeed_config(cfg: SFTConfig, world: int) -> dict[str, Any]:
-    if cfg.precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
-    return {
-        "train_micro_batch_size_per_gpu": cfg.micro_batch,
-        "gradient_accumulation_steps": cfg.grad_accum,
-        "train_batch_size": cfg.micro_batch * cfg.grad_accum * world,
-        "gradient_clipping": cfg.grad_clip,
-        "bf16": {"enabled": cfg.precision == "bf16"},
-        "zero_optimization": {"stage": cfg.zero_stage},
-        "zero_allow_untested_optimizer": True,
-        "zero_force_ds_cpu_optimizer": False,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-
-
 def train(
     cfg: SFTConfig, out: str | Path, setup: Callable[[], tuple[int, int]], resume: bool = False, progress: bool = True
 ) -> list[dict[str, Any]]:
@@ -414,7 +397,7 @@ def train(
     import torch.distributed as dist
     from transformers import AutoTokenizer
 
-    from formats.rundir import RunDir
+    from formats.rundir import RunDir, deepspeed_json
     from posttrain.fit import fit, progress_bar
     from posttrain.fit import schedule as lr_schedule
     from posttrain.rl.engines import PolicyConfig, build_policy, load_processor
@@ -438,7 +421,7 @@ def train(
     schedule = lr_schedule(optimizer, cfg.steps, "linear", cfg.min_lr_ratio, cfg.warmup_steps)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=schedule,
-        config=deepspeed_config(cfg, world),
+        config=deepspeed_json(cfg.micro_batch, cfg.grad_accum, world, cfg.grad_clip, cfg.precision, cfg.zero_stage),
     )  # fmt: skip
     data = Batches(examples, cfg, rank, world)
     step = 0

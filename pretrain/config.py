@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from formats.overrides import with_overrides
+from formats.rundir import deepspeed_json
 from pretrain.timeseries.config import EncoderConfig, ForecasterConfig
 
 
@@ -165,24 +166,10 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, load_universal: bool = F
     """The DeepSpeed JSON for ``cfg`` (the optimizer and scheduler are client objects, built in train.py).
 
     ``load_universal``: the checkpoint to resume is DeepSpeed's universal form (saved at another world size)."""
-    if cfg.precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
-    if not 0 <= cfg.zero_stage <= 3:
-        raise ValueError(f"zero_stage must be 0..3, got {cfg.zero_stage}")
-    return {
-        "train_micro_batch_size_per_gpu": cfg.data.micro_batch,
-        "gradient_accumulation_steps": cfg.grad_accum,
-        "train_batch_size": cfg.data.micro_batch * cfg.grad_accum * world_size,
-        "gradient_clipping": cfg.optim.grad_clip,
-        "bf16": {"enabled": cfg.precision == "bf16"},
-        "zero_optimization": {"stage": cfg.zero_stage},
-        # A client torch.optim.AdamW is a documented, tested path; DeepSpeed only warns about it under ZeRO.
-        "zero_allow_untested_optimizer": True,
-        "zero_force_ds_cpu_optimizer": False,
-        "steps_per_print": 10**9,  # we log ourselves; DeepSpeed's own print is noise
-        "wall_clock_breakdown": False,
-        "checkpoint": {"load_universal": load_universal},
-    }
+    return deepspeed_json(
+        cfg.data.micro_batch, cfg.grad_accum, world_size, cfg.optim.grad_clip, cfg.precision, cfg.zero_stage,
+        load_universal,
+    )  # fmt: skip
 
 
 def debug(shards: str = "out", models: str = "tiny", **overrides: Any) -> TrainConfig:
