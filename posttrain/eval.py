@@ -77,17 +77,13 @@ class TaskOptions:
     max_new_tokens: int | None = None
 
 
-TASKS: dict[str, Callable[[TaskOptions], EvalTask]] = {}
+TaskFactory = Callable[[TaskOptions], EvalTask]
+TASKS: dict[str, TaskFactory] = {}
 
 
-def register(name: str) -> Callable[[Callable[[TaskOptions], EvalTask]], Callable[[TaskOptions], EvalTask]]:
-    """Add a task factory to :data:`TASKS` under ``name``."""
-
-    def deco(fn: Callable[[TaskOptions], EvalTask]) -> Callable[[TaskOptions], EvalTask]:
-        TASKS[name] = fn
-        return fn
-
-    return deco
+def register(name: str) -> Callable[[TaskFactory], TaskFactory]:
+    """A decorator adding a task factory to :data:`TASKS` under ``name`` (the first one registered wins)."""
+    return lambda fn: TASKS.setdefault(name, fn)
 
 
 def check_of(verifier: str) -> Check:

@@ -32,6 +32,7 @@ from formats.chat_images import BadImage
 from posttrain import toolcall
 from posttrain.agentic.chat import Conversation, Generation, GenerationStream, parse_output, render
 from posttrain.agentic.driver import DriverClosed, EngineDriver
+from posttrain.agentic.guard import api_key
 from posttrain.agentic.images import MARKER, ImageKeys
 from posttrain.agentic.protocols import MESSAGES, PROTOCOLS, Protocol, sse
 from posttrain.agentic.traces import TraceStore
@@ -315,15 +316,6 @@ class InvalidRequest(ValueError):
         self.code = code
 
 
-def session_of(headers: Any, sid: str | None) -> str:
-    if sid:
-        return sid
-    auth = headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return key.strip() if (key := headers.get("x-api-key")) else "anonymous"
-
-
 def build_app(gateway: Gateway):
     """The FastAPI app over a ``Gateway``: one route per protocol of ``PROTOCOLS`` (and its ``/s/{sid}`` twin),
     plus Messages' ``count_tokens`` and ``/v1/models``."""
@@ -367,7 +359,7 @@ def build_app(gateway: Gateway):
                     conv = protocol.parse(body, default_max)
                 except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # malformed: the client's
                     raise InvalidRequest(f"malformed request: {type(e).__name__}: {e}", "invalid_request") from None
-                session = session_of(req.headers, sid)
+                session = sid or (key if (key := api_key(req.headers)) is not None else "anonymous")
                 if conv.stream:
                     s = await gateway.stream(session, conv, protocol.name)
                     return stream(protocol.events(s, conv, body), protocol, s)

@@ -89,7 +89,9 @@ def _route(path: str) -> tuple[str | None, Protocol | None, str]:
     return sid, _PATHS.get(path), path
 
 
-def _key(headers: dict[str, str]) -> str | None:
+def api_key(headers: Any) -> str | None:
+    """The request's key: ``Authorization: Bearer KEY`` (OpenAI SDKs), else ``x-api-key`` (Anthropic's); None if
+    neither (a blank ``x-api-key`` is none)."""
     auth = headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
@@ -148,7 +150,7 @@ class Guard:
     def _authorize(self, scope: dict, headers: dict[str, str], sid: str | None, tail: str) -> dict:
         if self.keys is None:
             return scope
-        key = _key(headers)
+        key = api_key(headers)
         prefix = self.keys.get(key) if key else None
         if prefix is None:
             raise Refused(401, "missing or unknown API key", "invalid_api_key")

@@ -1,8 +1,8 @@
 """The Intern-S1-MO lemma-memory agent (SPEC §D): one home for the agent, its verifiers, its task family and its
 graph credit.
 
-- ``posttrain.objectives.lemma``: the pure formulas (verifier confidence, conjugate reward and its centring, lemma graph
-  propagation); torch + stdlib only, re-exported here so ``from posttrain.lemma import conjugate_reward`` works.
+- ``posttrain.objectives.lemma`` (their one home, outside this package): the pure formulas (verifier confidence,
+  conjugate reward and its centring, lemma graph propagation); torch + stdlib only.
 - ``statements``: the small statement language a lemma is written in, and the sympy decision procedure.
 - ``format``: the structured text the roles write (lemma blocks, answers, verdicts) and its checking parser.
 - ``verifiers``: one ``LemmaVerifier`` interface: formal (sympy + math-verify), model (through an engine),
@@ -18,33 +18,3 @@ graph credit.
 
     scifolio posttrain lemma solve --model scripted --tasks test.jsonl --out trace.json
 """
-
-from posttrain.objectives.lemma import (
-    ACCEPT_THRESHOLD,
-    Lemma,
-    LemmaGraph,
-    accepted,
-    centred_conjugate_reward,
-    centred_conjugate_reward_exact,
-    conjugate_reward,
-    conjugate_reward_exact,
-    conjugate_rewards,
-    pass_ratio_reward,
-    prob_beta_greater,
-    verifier_confidence,
-)
-
-__all__ = [
-    "ACCEPT_THRESHOLD",
-    "Lemma",
-    "LemmaGraph",
-    "accepted",
-    "centred_conjugate_reward",
-    "centred_conjugate_reward_exact",
-    "conjugate_reward",
-    "conjugate_reward_exact",
-    "conjugate_rewards",
-    "pass_ratio_reward",
-    "prob_beta_greater",
-    "verifier_confidence",
-]

@@ -28,11 +28,6 @@ def default_length(traj: Trajectory) -> int:
     return int(traj.request.meta.get("length", p.forced_length or p.max_new_tokens))
 
 
-def scripted_token(traj: Trajectory, position: int, vocab: int = 1000) -> int:
-    key = f"{traj.request_id}/{traj.attempt}/{position}".encode()
-    return zlib.crc32(key) % vocab
-
-
 def scripted_logprob(position: int, version: int) -> float:
     """Behaviour logprob the scripted engine reports: encodes the version (−0.1·(v+1)) and position."""
     return -0.1 * (version + 1) - 0.001 * position
@@ -109,7 +104,7 @@ class ScriptedEngine(QueuedEngine):
             pos = t.n_tokens
             last = pos + 1 == length
             stop = last and length < limit and self.stop_token >= 0  # ends before its limit: the stop token
-            tok = self.stop_token if stop else scripted_token(t, pos, self.vocab)
+            tok = self.stop_token if stop else zlib.crc32(f"{t.request_id}/{t.attempt}/{pos}".encode()) % self.vocab
             t.append(tok, scripted_logprob(pos, self._version), self._version)
             out.new_tokens[t.request_id] = [tok]
             if last:

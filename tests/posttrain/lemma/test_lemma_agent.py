@@ -13,13 +13,13 @@ from fractions import Fraction
 
 import pytest
 
-from posttrain.lemma import centred_conjugate_reward_exact, conjugate_reward_exact
 from posttrain.lemma.agent import AgentConfig, AnswerRecord, LemmaAgent, MemoryEntry, RoundRecord, Trace
 from posttrain.lemma.credit import batch_metrics, trace_credit
 from posttrain.lemma.scripted import scripted_caller
 from posttrain.lemma.statements import answers_match
 from posttrain.lemma.tasks import make_rows
 from posttrain.lemma.verifiers import CheckItem, FormalVerifier, Verdict
+from posttrain.objectives.lemma import centred_conjugate_reward_exact, conjugate_reward_exact
 
 
 def test_conjugate_values_and_centring() -> None:
