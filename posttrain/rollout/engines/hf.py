@@ -182,9 +182,8 @@ class HFEngine(QueuedEngine):
 
     def _prefill(self, fresh: list[_Running]) -> list[tuple[_Running, Tensor]]:
         seqs = [r.traj.prompt_ids + r.traj.token_ids for r in fresh]
-        ids, mask = (
-            t.flip(-1) for t in right_pad([q[::-1] for q in seqs])
-        )  # left-padded: the reversed rows right-padded
+        # left-padded rows: the reversed rows right-padded, flipped back
+        ids, mask = (t.flip(-1) for t in right_pad([q[::-1] for q in seqs]))
         lmax = ids.shape[1]
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         one = len(seqs) == 1  # no padding: the plain unmasked forward
