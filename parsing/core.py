@@ -16,7 +16,7 @@ from parsing.backends import OCR_PARSERS, OCR_TEXT, LayoutBackend, ParsedPage, Y
 from parsing.config import ParseConfig
 from parsing.crops import crop_blocks, render_page
 from parsing.geometry import BBox, area
-from parsing.postprocess import TEXT_LAYER_MATH, refine_blocks, vet_proposals
+from parsing.postprocess import TEXT_LAYER_MATH, drop_equation_numbers, refine_blocks, vet_proposals
 
 if TYPE_CHECKING:
     import pymupdf
@@ -276,6 +276,7 @@ def _finish_page(page: pymupdf.Page, document: Document, parsed: ParsedPage, con
     # on the block (Block.proposed_by).
     if parsed.voters:
         blocks = with_order(fused_blocks(page, blocks, parsed.proposals, parsed.voters, parsed.parser))
+    blocks = with_order(drop_equation_numbers(page, blocks, dl))
     blocks = crop_blocks(page, blocks, config, dl)
     render = None
     if config.page_render_dpi:

@@ -9,7 +9,9 @@ Looking at both backends on real papers (benchmarks/results/parsing.md), the sys
 - one figure split into panels (PyMuPDF's model boxes each sub-figure) -> adjacent figures that no running
   text or labelled caption separates are merged, with the unlabelled sub-captions ("(a) ...") between them;
 - text blocks inside a table or figure (MinerU's flash tier boxes table cells as text/titles) -> dropped:
-  their text lives in the table's html/text and in the crop.
+  their text lives in the table's html/text and in the crop;
+- display equations boxed with their "(n)" number, and twice (a detector's box with the number beside the rules'
+  without), where every reference convention boxes the equation alone -> ``drop_equation_numbers``.
 Pure decisions are in ``parsing.geometry``; this module reads the PDF's drawing log and text layer.
 """
 
@@ -33,6 +35,7 @@ from parsing.geometry import (
     group_adjacent,
     horizontal_overlap,
     intersection,
+    iou,
     link_captions,
     tighten,
     union,
@@ -559,3 +562,57 @@ def _renumber(out: list[Block], link: dict[int, Block | None], replaced: _Replac
             target = geo[i]  # "Figure 3: ..." the backend left unlinked: the visual next to it
         final.append(dataclasses.replace(b, reading_order=i, caption_of=target))
     return final
+
+
+_NUMBER_TAIL = re.compile(r"(\s*\(\s*[A-Z]?[0-9]+(\.[0-9]+)*[a-z]?\s*\))+\s*$")
+
+
+def drop_equation_numbers(
+    page: pymupdf.Page, blocks: list[Block], dl: pymupdf.DisplayList | None = None
+) -> list[Block]:
+    """Display-equation boxes without their "(n)" number: the dev set's references, the synthetic pages' truth and
+    the self-labels (``parsing.selflabel``) all box the equation alone, while the rules and the detectors reach the
+    number at the column's edge. A box is cut when a number is in evidence (its text ends with "(n)", or a text-layer
+    word or a text block such as an OCR'd line reading "(n)" lies in its right half) and its ink, column by column,
+    ends in a narrow run (at most 45 pt: the number) after a gap of at least 8 pt; it then ends at the ink before the
+    gap. Equation boxes that cover the same equation afterwards (IoU >= 0.7: a detector's box with the number beside
+    the rules' without) are one, the one with more text kept over their union."""
+    import numpy as np
+    import pymupdf
+
+    if not any(b.kind == "equation" for b in blocks):
+        return blocks
+    numbers = [b.bbox for b in blocks if b.kind != "equation" and rules._EQ_NUMBER.match((b.text or "").strip())]
+    numbers += [w[:4] for w in page.get_text("words") if rules._EQ_NUMBER.match(w[4].strip(",.;:"))]
+    out: list[Block] = []
+    for b in blocks:
+        x0, y0, x1, y1 = b.bbox
+        right = [n for n in numbers if containment(n, b.bbox) >= 0.8 and n[0] >= (x0 + x1) / 2]
+        if b.kind != "equation" or not (right or _NUMBER_TAIL.search(b.text or "")):
+            out.append(b)
+            continue
+        zoom = 2.0
+        if dl is None:
+            dl = page.get_displaylist()
+        rect = pymupdf.Rect(b.bbox) & page.rect
+        pix = dl.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), clip=rect, colorspace=pymupdf.csGRAY, alpha=False)
+        img = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.stride)[:, : pix.width]
+        cols = np.flatnonzero((img < 160).any(axis=0))
+        if cols.size < 2:
+            out.append(b)
+            continue
+        gaps = np.flatnonzero(np.diff(cols) > 8 * zoom)  # the ink column before each gap of 8 pt or more
+        if gaps.size == 0 or (cols[-1] - cols[gaps[-1] + 1]) > 45 * zoom:
+            out.append(b)  # no gap, or the last run is wider than a number
+            continue
+        end = pix.x / zoom + (cols[gaps[-1]] + 2) / zoom
+        text = _NUMBER_TAIL.sub("", b.text or "").strip()  # the number is no longer in the box
+        out.append(dataclasses.replace(b, bbox=(x0, y0, min(x1, end), y1), text=text))
+    kept: list[Block] = []
+    for b in sorted(out, key=lambda b: -len((b.text or "").strip()) if b.kind == "equation" else 0):
+        twin = next((k for k in kept if k.kind == b.kind == "equation" and iou(k.bbox, b.bbox) >= 0.7), None)
+        if twin is None:
+            kept.append(b)
+        else:
+            kept[kept.index(twin)] = dataclasses.replace(twin, bbox=union([twin.bbox, b.bbox]))
+    return sorted(kept, key=lambda b: b.reading_order)

@@ -8,7 +8,7 @@ import pytest
 
 from formats.records import Block
 from parsing.geometry import iou
-from parsing.postprocess import continues_block, refine_blocks, split_figure
+from parsing.postprocess import continues_block, drop_equation_numbers, refine_blocks, split_figure
 from tests.parsing.fixtures import _plot_png
 
 
@@ -150,3 +150,32 @@ def test_vectorised_paragraph_continuation_equals_the_scalar_check():
     assert got == [any(continues_block(ln, b, 10.0) for b in blocks) for ln in lines]
     assert sum(got) >= 10
     assert _continues_any(lines[:2], [], 10.0) == [False, False] and _continues_any([], blocks, 10.0) == []
+
+
+def test_equation_boxes_drop_their_number_and_twins_become_one():
+    """The references box an equation without its "(n)": a box reaching the number is cut at the ink before the
+    gap (digital: the number is a text-layer word; scanned: the box's OCR text ends with it), the twin it then
+    duplicates is merged into one, and a wide gap with no number in evidence cuts nothing."""
+    doc = pymupdf.open()
+    page = doc.new_page(width=612, height=792)
+    page.insert_text((200, 100), "E = mc^2 + a + b", fontsize=11, fontname="Times-Italic")
+    page.insert_text((530, 100), "(1)", fontsize=11)
+    page.insert_text((200, 200), "x = 1,", fontsize=11, fontname="Times-Italic")
+    page.insert_text((400, 200), "y = 2 + z + w + v + u", fontsize=11, fontname="Times-Italic")
+    math_end = max(w[2] for w in page.get_text("words") if w[1] < 110 and w[4] != "(1)")
+    blocks = [
+        Block("equation", (195, 88, 550, 104), reading_order=0),  # the detector's, with the number
+        Block("equation", (198, 89, math_end + 1, 103), text="E = mc^2 + a + b", reading_order=1),  # the rules'
+        Block("equation", (195, 188, 540, 204), reading_order=2),  # no number: kept whole
+    ]
+    out = drop_equation_numbers(page, blocks)
+    assert len(out) == 2
+    assert out[0].text == "E = mc^2 + a + b" and abs(out[0].bbox[2] - math_end) < 3 and out[0].bbox[0] == 195
+    assert out[1].bbox == (195, 188, 540, 204)
+    # a scan: no text layer, the number only in the box's OCR text
+    pix = page.get_pixmap(dpi=150)
+    scan = pymupdf.open()
+    spage = scan.new_page(width=612, height=792)
+    spage.insert_image(spage.rect, pixmap=pix)
+    (cut,) = drop_equation_numbers(spage, [Block("equation", (195, 88, 550, 104), text="E = mc^2 + a + b (1)")])
+    assert cut.text == "E = mc^2 + a + b" and abs(cut.bbox[2] - math_end) < 3
