@@ -91,6 +91,21 @@ def continues_block(line: BBox, block: BBox, line_height: float) -> bool:
     return abs(line[0] - block[0]) <= 3.0 and line[2] <= block[2] + 3.0 and 0 <= line[1] - block[3] <= 1.5 * line_height
 
 
+def _gray(
+    page: pymupdf.Page, rect: pymupdf.Rect, zoom: float, dl: pymupdf.DisplayList | None
+) -> tuple[np.ndarray, float, float]:
+    """``rect`` of the page rendered in grey at ``zoom`` pixels a point (``dl``: the page's display list, when the
+    caller has one), and the page coordinates of its pixel (0, 0): the integer-aligned top-left of the clip."""
+    import numpy as np
+    import pymupdf
+
+    if dl is None:
+        dl = page.get_displaylist()  # what page.get_pixmap does
+    pix = dl.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), clip=rect, colorspace=pymupdf.csGRAY, alpha=False)
+    img = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.stride)[:, : pix.width]
+    return img, pix.x / zoom, pix.y / zoom
+
+
 def ink_bbox(
     page: pymupdf.Page, box: BBox, dpi: int = 50, threshold: int = 240, dl: pymupdf.DisplayList | None = None
 ) -> BBox:
@@ -104,17 +119,12 @@ def ink_bbox(
     if rect.is_empty:
         return box
     zoom = dpi / 72.0
-    if dl is None:
-        dl = page.get_displaylist()  # what page.get_pixmap does
-    pix = dl.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), clip=rect, colorspace=pymupdf.csGRAY, alpha=False)
-    img = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.stride)[:, : pix.width]
+    img, ox, oy = _gray(page, rect, zoom, dl)
     ink = img < threshold
     rows = np.flatnonzero(ink.any(axis=1))
     cols = np.flatnonzero(ink.any(axis=0))
     if rows.size == 0 or cols.size == 0:
         return box
-    # pixel (0, 0) of the pixmap sits at the (integer-aligned) top-left of the clip
-    ox, oy = pix.x / zoom, pix.y / zoom
     x0 = max(rect.x0, ox + (cols[0] - 1) / zoom)
     y0 = max(rect.y0, oy + (rows[0] - 1) / zoom)
     x1 = min(rect.x1, ox + (cols[-1] + 2) / zoom)
@@ -582,6 +592,7 @@ def drop_equation_numbers(
 
     if not any(b.kind == "equation" for b in blocks):
         return blocks
+    zoom = 2.0
     numbers = [b.bbox for b in blocks if b.kind != "equation" and rules._EQ_NUMBER.match((b.text or "").strip())]
     numbers += [w[:4] for w in page.get_text("words") if rules._EQ_NUMBER.match(w[4].strip(",.;:"))]
     out: list[Block] = []
@@ -591,12 +602,9 @@ def drop_equation_numbers(
         if b.kind != "equation" or not (right or _NUMBER_TAIL.search(b.text or "")):
             out.append(b)
             continue
-        zoom = 2.0
         if dl is None:
-            dl = page.get_displaylist()
-        rect = pymupdf.Rect(b.bbox) & page.rect
-        pix = dl.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), clip=rect, colorspace=pymupdf.csGRAY, alpha=False)
-        img = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.stride)[:, : pix.width]
+            dl = page.get_displaylist()  # one for every box of the page
+        img, ox, _ = _gray(page, pymupdf.Rect(b.bbox) & page.rect, zoom, dl)
         cols = np.flatnonzero((img < 160).any(axis=0))
         if cols.size < 2:
             out.append(b)
@@ -605,7 +613,7 @@ def drop_equation_numbers(
         if gaps.size == 0 or (cols[-1] - cols[gaps[-1] + 1]) > 45 * zoom:
             out.append(b)  # no gap, or the last run is wider than a number
             continue
-        end = pix.x / zoom + (cols[gaps[-1]] + 2) / zoom
+        end = ox + (cols[gaps[-1]] + 2) / zoom
         text = _NUMBER_TAIL.sub("", b.text or "").strip()  # the number is no longer in the box
         out.append(dataclasses.replace(b, bbox=(x0, y0, min(x1, end), y1), text=text))
     kept: list[Block] = []
