@@ -8,7 +8,8 @@
         --vocab-prompts 48 --warm-epochs 2 --draft-steps 10 --max-iters 8 --check-lossless --json OUT.json
 
 ``--model``: the policy is the real LM; the draft is its early exit (embeddings, frozen; first ``--draft-layers``
-blocks; final norm) with a head over the ``--draft-vocab`` tokens carrying the most policy mass on plain T=1 rollouts
+blocks; final norm) or, with ``--draft features``, an EAGLE-style ``FeatureDraft`` (the policy's feature before each
+token + the token → one block initialised from the policy's first), either with a head over the ``--draft-vocab`` tokens carrying the most policy mass on plain T=1 rollouts
 of TRAIN prompts (``SubsetHead``: q = 0 elsewhere, still lossless), warm-started on those rollouts
 (``--warm-epochs``) and then trained online on speculative rollouts of the train prompts; timed on the test
 prompts (``test.jsonl`` + ``test-phrasings.jsonl``, disjoint), T=1, batch 1 and 8, plain ``HFEngine`` and
@@ -40,6 +41,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from posttrain.objectives.speculative import expected_tokens_per_round
 from posttrain.rl.draft import DraftTrainer
+from posttrain.rollout.engines.feature_draft import FeatureDraft, SubsetHead
 from posttrain.rollout.engines.hf import HFEngine
 from posttrain.rollout.engines.speculative import SpeculativeConfig, SpeculativeEngine
 from posttrain.rollout.types import Request, SamplingParams
@@ -147,6 +149,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default=None, help="a real policy (DIR/lm, e.g. SmolLM2): the #40 item 4 benchmark")
     ap.add_argument("--data", default="posttrain/data/smol", help="--model: train.jsonl (draft) and test sets (timed)")
+    ap.add_argument(
+        "--draft",
+        choices=("early-exit", "features"),
+        default="early-exit",
+        help="--model: the policy's first --draft-layers blocks, or a FeatureDraft reading the policy's features",
+    )
     ap.add_argument("--draft-vocab", type=int, default=2048, help="--model: draft head over this many tokens (0: all)")
     ap.add_argument("--vocab-prompts", type=int, default=32, help="--model: train prompts that choose the draft vocab")
     ap.add_argument("--warm-epochs", type=int, default=0, help="--model: draft epochs on the plain train rollouts")
@@ -262,25 +270,6 @@ def main() -> None:
 # == the real policy (--model DIR/lm, #40 item 4) ==============================================================
 
 
-class SubsetHead(torch.nn.Module):
-    """A draft's output head over a token subset S of the policy's vocabulary: logits ``h·W_S^T`` for S and a
-    constant −1e4 elsewhere (q = 0 there in float64; finite, so the KL term of the draft loss stays defined). The
-    draft then never proposes a token outside S; the policy's residual ``max(0, p − q)`` emits those, so sampling
-    stays lossless. Costs ``|S|·d`` MACs a token instead of ``V·d`` (SmolLM2: 49,152 × 576 = 28M). The printed draft loss then
-    carries a constant ≈ λ·(policy mass outside S)·1e4 (large numbers); its gradient is the full-vocabulary one."""
-
-    def __init__(self, weight: torch.Tensor, ids: torch.Tensor, vocab: int) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(weight.detach().clone())
-        self.register_buffer("ids", ids.clone())
-        self.vocab = vocab
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        z = h @ self.weight.t()
-        out = z.new_full((*h.shape[:-1], self.vocab), -1e4)
-        return out.index_copy(-1, self.ids, z)
-
-
 def early_exit_draft(policy: torch.nn.Module, n_layers: int, vocab_ids: torch.Tensor | None = None) -> torch.nn.Module:
     """The policy's embeddings (frozen), first ``n_layers`` blocks, final norm and head (``SubsetHead`` over
     ``vocab_ids`` if given) as a separate, trainable causal LM of the policy's class."""
@@ -330,7 +319,7 @@ def plain_rollouts(policy: torch.nn.Module, prompts: list[list[int]], length: in
 
 
 def _targets(policy: torch.nn.Module, trajs: list) -> tuple:  # noqa: ANN001
-    """Right-padded ids, mask and the policy's logits over them (no grad)."""
+    """Right-padded ids, mask, the policy's logits over them and its features (last hidden state; no grad)."""
     seqs = [t.prompt_ids + t.token_ids for t in trajs]
     lmax = max(len(q) for q in seqs)
     ids = torch.zeros(len(seqs), lmax, dtype=torch.long)
@@ -339,8 +328,8 @@ def _targets(policy: torch.nn.Module, trajs: list) -> tuple:  # noqa: ANN001
         ids[i, : len(q)] = torch.tensor(q)
         mask[i, : len(q)] = 1
     with torch.no_grad():
-        logits = policy(input_ids=ids, attention_mask=mask).logits.float()
-    return ids, mask, logits
+        out = policy(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    return ids, mask, out.logits.float(), out.hidden_states[-1]
 
 
 def choose_vocab(policy: torch.nn.Module, trajs: list, size: int) -> tuple:  # noqa: ANN001
@@ -349,7 +338,7 @@ def choose_vocab(policy: torch.nn.Module, trajs: list, size: int) -> tuple:  # n
     mass = torch.zeros(policy.config.vocab_size, dtype=torch.float64)
     n_states = 0
     for c in range(0, len(trajs), 8):
-        _, _, logits = _targets(policy, trajs[c : c + 8])
+        _, _, logits, _ = _targets(policy, trajs[c : c + 8])
         for i, t in enumerate(trajs[c : c + 8]):
             p0 = len(t.prompt_ids) - 1
             mass += torch.softmax(logits[i, p0 : p0 + t.n_tokens].double(), dim=-1).sum(0)
@@ -363,17 +352,18 @@ def warm_start(trainer: DraftTrainer, policy: torch.nn.Module, trajs: list, epoc
     parts = []
     for c in range(0, len(trajs), chunk):
         part = trajs[c : c + chunk]
-        ids, mask, logits = _targets(policy, part)
+        ids, mask, logits, feats = _targets(policy, part)
+        feats = feats if getattr(trainer.draft, "reads_features", False) else None
         wins = [
             (i, len(t.prompt_ids) - 1 + s, min(trainer.cfg.k, t.n_tokens - s))
             for i, t in enumerate(part)
             for s in range(0, t.n_tokens, trainer.cfg.k)
         ]
-        parts.append((ids, mask, wins, logits))
+        parts.append((ids, mask, wins, logits, feats))
     loss = float("nan")
     for _ in range(epochs):
-        for ids, mask, wins, logits in parts:
-            loss = trainer.fit(ids, mask, wins, logits)["draft_loss"]
+        for ids, mask, wins, logits, feats in parts:
+            loss = trainer.fit(ids, mask, wins, logits, feats=feats)["draft_loss"]
     return loss
 
 
@@ -488,14 +478,19 @@ def forward_costs(policy, draft, prompt: list[int], k: int, reps: int = 15) -> d
     from transformers import DynamicCache
 
     def ms(model, n: int) -> float:  # noqa: ANN001
-        cache = DynamicCache(config=model.config)
-        model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+        if getattr(model, "reads_features", False):  # FeatureDraft: its own cache, features beside the tokens
+            d = model.config.hidden_size
+            _, _, kv = model.step(torch.tensor([prompt]), torch.zeros(1, len(prompt), d), None)
+            step = lambda: model.step(torch.tensor([prompt[-n:]]), torch.zeros(1, n, d), kv)  # noqa: E731
+        else:
+            cache = DynamicCache(config=model.config)
+            model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+            step = lambda: (model(input_ids=torch.tensor([prompt[-n:]]), cache=cache, use_cache=True), cache.crop(-n))  # noqa: E731
         ts = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            model(input_ids=torch.tensor([prompt[-n:]]), cache=cache, use_cache=True)
+            step()
             ts.append(time.perf_counter() - t0)
-            cache.crop(-n)
         return 1e3 * sorted(ts)[len(ts) // 2]
 
     return {"policy_1tok_ms": ms(policy, 1), f"policy_{k + 1}tok_ms": ms(policy, k + 1), "draft_1tok_ms": ms(draft, 1)}
@@ -528,7 +523,8 @@ def real_main(args: argparse.Namespace) -> None:
         "threads": args.threads,
         "dtype": args.dtype,
         "k": args.k,
-        "draft_layers": args.draft_layers,
+        "draft": args.draft,
+        "draft_layers": args.draft_layers if args.draft == "early-exit" else 1,
         "draft_vocab": args.draft_vocab,
         "tokens": args.tokens,
     }
@@ -538,11 +534,13 @@ def real_main(args: argparse.Namespace) -> None:
     warm = plain_rollouts(policy, train[: args.vocab_prompts], args.train_tokens, args.seed + 1)
     if args.draft_vocab:
         ids, cover = choose_vocab(policy, warm, args.draft_vocab)
-    draft = early_exit_draft(policy, args.draft_layers, ids)
+    if args.draft == "features":
+        draft, what = FeatureDraft(policy, ids), "FeatureDraft (policy feature + token -> 1 block)"
+    else:
+        draft, what = early_exit_draft(policy, args.draft_layers, ids), f"policy's first {args.draft_layers} blocks"
     n_train = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     print(
-        f"policy {n_params(policy) / 1e6:.1f}M params ({args.dtype}); draft: policy's first {args.draft_layers} "
-        f"blocks + norm + head over {args.draft_vocab or 'all'} tokens (covering {cover:.3f} of the policy's mass on "
+        f"policy {n_params(policy) / 1e6:.1f}M params ({args.dtype}); draft: {what} + norm + head over {args.draft_vocab or 'all'} tokens (covering {cover:.3f} of the policy's mass on "
         f"{args.vocab_prompts} train rollouts), {n_train / 1e6:.1f}M trainable; {args.threads} threads; "
         f"{time.perf_counter() - t0:.1f}s",
         flush=True,

@@ -61,15 +61,25 @@ class DraftTrainer:
         ids, mask, wins = self._windows(trajs)
         if not wins:
             return {"draft_loss": float("nan"), "draft_version": self.version}
+        reads = getattr(self.draft, "reads_features", False)
         with torch.no_grad():
-            target = policy(input_ids=ids, attention_mask=mask).logits.float() / temperature
-        return self.fit(ids, mask, wins, target, temperature)
+            out = policy(input_ids=ids, attention_mask=mask, output_hidden_states=reads)
+        feats = out.hidden_states[-1] if reads else None
+        return self.fit(ids, mask, wins, out.logits.float() / temperature, temperature, feats)
 
     def fit(
-        self, ids: Tensor, mask: Tensor, wins: list[tuple[int, int, int]], target: Tensor, temperature: float = 1.0
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        wins: list[tuple[int, int, int]],
+        target: Tensor,
+        temperature: float = 1.0,
+        feats: Tensor | None = None,
     ) -> dict[str, Any]:
         """``draft_steps`` Adam steps of the hybrid loss against precomputed policy logits ``target`` ``[B, L, V]``
-        (already divided by the temperature) at the windows ``(row, first logit index, n)``; bumps ``version``."""
+        (already divided by the temperature) at the windows ``(row, first logit index, n)``; bumps ``version``.
+        ``feats``: the policy's features ``[B, L, d]``, for a draft that reads them (``FeatureDraft``): a window's
+        first position is scored on its pass 1 (true features), the rest on pass 2 (its own), plus the feature pull."""
         k = self.cfg.k
         rows = torch.tensor([w[0] for w in wins])
         pos = torch.tensor([[w[1] + j for j in range(k)] for w in wins]).clamp(max=ids.shape[1] - 1)
@@ -77,8 +87,14 @@ class DraftTrainer:
         tgt = target[rows.unsqueeze(-1), pos]  # [W, K, V]
 
         def loss(draft: torch.nn.Module, _: int) -> Tensor:
-            q = (draft(input_ids=ids, attention_mask=mask).logits.float() / temperature)[rows.unsqueeze(-1), pos]
-            return hybrid_draft_loss(tgt, q, self.tracker.value, eta=self.cfg.eta, mask=valid)
+            if feats is None:
+                q, pull = draft(input_ids=ids, attention_mask=mask).logits[rows.unsqueeze(-1), pos], 0.0
+            else:
+                first, later, pull = draft.train_forward(ids, feats, mask)
+                q = torch.cat([first[rows, pos[:, 0]].unsqueeze(1), later[rows.unsqueeze(-1), pos[:, 1:]]], 1)
+            return hybrid_draft_loss(tgt, q.float() / temperature, self.tracker.value, eta=self.cfg.eta, mask=valid) + (
+                0.1 * pull
+            )
 
         losses = fit(self.draft, range(self.cfg.draft_steps), loss, optimizers=[self.opt])
         self.version += 1

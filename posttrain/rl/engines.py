@@ -250,9 +250,15 @@ def _side_model(cfg: Any, policy: Any, path: str | None, refusal: str, hidden: i
 
 
 def build_draft(cfg: Any, policy: torch.nn.Module) -> torch.nn.Module:
-    """The speculative draft: ``speculative.draft_path`` or, for the tiny policy, a narrower/shallower Qwen2."""
+    """The speculative draft: a ``FeatureDraft`` of the policy (``speculative.feature_draft``), ``speculative.draft_path``
+    or, for the tiny policy, a narrower/shallower Qwen2."""
     spec, p = cfg.speculative, cfg.policy
-    refusal = "speculative decoding with a policy.path needs speculative.draft_path"
+    if spec.feature_draft:  # seeded: the learner's and every engine's draft start equal
+        from posttrain.rollout.engines.feature_draft import FeatureDraft
+
+        torch.manual_seed(p.seed + 1)
+        return FeatureDraft(policy)
+    refusal = "speculative decoding with a policy.path needs speculative.draft_path or speculative.feature_draft"
     hidden = max(8, int(p.hidden_size * spec.draft_scale) // 8 * 8)
     layers = max(1, int(p.num_layers * spec.draft_scale))
     return _side_model(cfg, policy, spec.draft_path, refusal, hidden, 1, num_hidden_layers=layers)

@@ -63,6 +63,9 @@ class SpeculativeConfig:
     """Debug drafts (no ``draft_path``): hidden size and layers of the draft relative to the tiny policy's."""
     draft_path: str | None = None
     """Hugging Face checkpoint of the draft (same tokenizer as the policy); None builds a tiny one."""
+    feature_draft: bool = False
+    """Draft with a ``FeatureDraft`` of the policy (EAGLE-style: the policy's features + one block) instead of a
+    separate LM; works with any policy, no ``draft_path``."""
 
 
 @dataclass
@@ -71,7 +74,11 @@ class _Req:
     kv_p: KV | None = None
     """Policy KV covering the fed positions (prompt + tokens[:-1]); None = needs prefill."""
     kv_d: KV | None = None
-    """Draft KV; may lag the policy's by one position (all drafts accepted last round)."""
+    """Draft KV; may lag the policy's by one position (all drafts accepted last round). A draft that reads features
+    keeps only positions it read true features for: it lags by the drafts accepted last round."""
+    feat: Tensor | None = None
+    """Policy features ``[1, 1 + lag, d]`` the feature-reading draft has not read yet (of the positions before the
+    tokens it reads next)."""
 
 
 def _kv_len(kv: KV | None) -> int:
@@ -108,6 +115,12 @@ class SpeculativeEngine(QueuedEngine):
         self.k = k
         self.draft_version = draft_version
         self.verifier = verifier
+        self.reads_features = getattr(draft, "reads_features", False)
+        """An EAGLE-style draft (``FeatureDraft``): the policy's final norm is hooked so every policy forward leaves
+        its features in ``_feat`` for the draft."""
+        self._feat: Tensor | None = None
+        if self.reads_features:
+            model.base_model.norm.register_forward_hook(lambda _m, _i, out: setattr(self, "_feat", out))
         self._experts: Tensor | None = None
         self.experts_recorder = None
         """R3 hook on the policy (``ExpertsRecorder``): the routes of every policy forward, recorded per trajectory
@@ -202,13 +215,17 @@ class SpeculativeEngine(QueuedEngine):
         for n, rs in by_len.items():
             if n <= 1:
                 for r in rs:
-                    r.kv_p, r.kv_d = [], []
+                    r.kv_p, r.kv_d, r.feat = [], [], torch.zeros(1, 1, self.model.config.hidden_size)
                 continue
             ids = torch.tensor([(r.traj.prompt_ids + r.traj.token_ids)[:-1] for r in rs])
             logits, kv_p = self._forward(self.model, ids, None)
             for i, r in enumerate(rs):
                 self._record(r.traj, i, 0, n - 1)
-            _, kv_d = self._forward(self.draft, ids, None)
+            if self.reads_features:  # position j reads the feature of j − 1 (none before the first)
+                feats = self._feat
+                _, _, kv_d = self.draft.step(ids, torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1), None)
+            else:
+                _, kv_d = self._forward(self.draft, ids, None)
             for i, r in enumerate(rs):
                 t = r.traj
                 if t.n_tokens:  # resumed: kept tokens' logprobs under the weights loaded now (matched-weights BKL)
@@ -217,6 +234,8 @@ class SpeculativeEngine(QueuedEngine):
                     t.rescore(token_logprobs_of(rows, t.token_ids, pr.temperature, pr.top_p), self._version)
                 r.kv_p = [(k[i : i + 1], v[i : i + 1]) for k, v in kv_p]
                 r.kv_d = [(k[i : i + 1], v[i : i + 1]) for k, v in kv_d]
+                if self.reads_features:
+                    r.feat = feats[i : i + 1, -1:]
 
     def _round(self, rs: list[_Req], kk: int, lag: int) -> None:
         b = len(rs)
@@ -231,9 +250,13 @@ class SpeculativeEngine(QueuedEngine):
         feed = torch.tensor([s[len(s) - 1 - lag :] for s in seqs])
         pos = torch.tensor(lens_d)[:, None] + torch.arange(1 + lag)
         drafts = torch.zeros(b, kk, dtype=torch.long)
-        qs = []
+        qs, feat = [], torch.cat([r.feat for r in rs]) if self.reads_features else None
         for j in range(kk):
-            logits, kv_d = self._forward(self.draft, feed, kv_d, mask, pos)
+            if feat is None:
+                logits, kv_d = self._forward(self.draft, feed, kv_d, mask, pos)
+            else:  # true features for the catch-up positions, then the draft's own
+                logits, f_hat, kv_d = self.draft.step(feed, feat, kv_d, mask, pos)
+                feat = f_hat[:, -1:]
             logq = self._logp(rs, logits[:, -1])
             drafts[:, j] = draw(logq, uniforms())  # inverse CDF: exact, ~10× cheaper than multinomial on 49k tokens
             qs.append(logq.softmax(dim=-1))  # = exp(logq), fast (see sampling.draw)
@@ -243,7 +266,7 @@ class SpeculativeEngine(QueuedEngine):
         kv_p, mask, lens_p = left_pad([r.kv_p for r in rs], kk + 1)
         ids = torch.cat([torch.tensor([[s[-1]] for s in seqs]), drafts], dim=1)
         logits, kv_p = self._forward(self.model, ids, kv_p, mask, torch.tensor(lens_p)[:, None] + torch.arange(kk + 1))
-        logp = self._logp(rs, logits)
+        logp, feats = self._logp(rs, logits), self._feat
         if kk == 0:  # one token left: plain sampling from the policy
             zero = torch.zeros(b, dtype=torch.long)
             res = speculative.Verified(draw(logp[:, 0], uniforms()).unsqueeze(1), zero + 1, zero)
@@ -266,8 +289,10 @@ class SpeculativeEngine(QueuedEngine):
             # Keep KV of the fed positions only: the kept prefix of seq + accepted drafts (the draft's may lag by one).
             keep = lens_p[i] + 1 + n_acc
             r.kv_p = _row(kv_p, i, max(lens_p) - lens_p[i], keep)
-            if kk:
-                r.kv_d = _row(kv_d, i, max(lens_d) - lens_d[i], keep)
+            if kk:  # a feature-reading draft keeps only the positions it read true features for
+                r.kv_d = _row(kv_d, i, max(lens_d) - lens_d[i], lens_p[i] + 1 if self.reads_features else keep)
+                if self.reads_features:
+                    r.feat = feats[i : i + 1, : n_acc + 1]
         if kk == self.k:
             self.round_log.append(torch.tensor(n_acc_all))
             self.round_groups.append(((lag, kk), tuple(r.traj.request_id for r in rs)))

@@ -24,3 +24,13 @@ def test_speculative_flag_trains_the_draft_and_resumes_it(tmp_path):
     after = rows(tmp_path)
     assert [r["draft_version"] for r in after] == [1, 2, 3, 4, 5]  # the draft continued, not restarted
     assert [r["step"] for r in after] == [1, 2, 3, 4, 5]
+
+
+def test_feature_draft_trains_online_through_the_cli(tmp_path):
+    """``speculative.feature_draft``: the EAGLE-style draft built from the policy, trained each step like the LM one."""
+    sets = ["speculative.feature_draft=true", "speculative.k=2", "engine_capacity=40", "steps=2"]
+    cmd = cli(tmp_path, "--speculative", *[a for s in sets for a in ("--set", s)])
+    subprocess.run(cmd, env=env(), check=True, capture_output=True)
+    got = rows(tmp_path)
+    assert [r["draft_version"] for r in got] == [1, 2]
+    assert all(0.0 <= r["draft_round_acceptance"] <= 1.0 and 1.0 <= r["tokens_per_round"] <= 3.0 for r in got)

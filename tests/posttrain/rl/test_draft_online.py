@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from posttrain.rl.draft import DraftTrainer
+from posttrain.rollout.engines.feature_draft import FeatureDraft
 from posttrain.rollout.engines.speculative import SpeculativeConfig, SpeculativeEngine
 from posttrain.rollout.types import Request, SamplingParams
 
@@ -34,9 +36,9 @@ def tiny(seed: int, hidden: int = 64, scale: float = 40.0, layers: int = 2) -> Q
     return m
 
 
-def iterate(train: bool, n_it: int = 10) -> tuple[list[float], DraftTrainer, SpeculativeEngine]:
+def iterate(train: bool, n_it: int = 10, features: bool = False) -> tuple[list[float], DraftTrainer, SpeculativeEngine]:
     policy = tiny(0)
-    draft = tiny(1, hidden=32, scale=1.0, layers=1)
+    draft = FeatureDraft(policy) if features else tiny(1, hidden=32, scale=1.0, layers=1)
     cfg = SpeculativeConfig(enabled=True, k=3, draft_lr=1e-2, draft_steps=8)
     eng = SpeculativeEngine(policy, draft, k=3, capacity=64)
     dt = DraftTrainer(draft, cfg)
@@ -66,10 +68,12 @@ def iterate(train: bool, n_it: int = 10) -> tuple[list[float], DraftTrainer, Spe
     return accs, dt, eng
 
 
-def test_online_draft_rises_and_chases_the_policy_frozen_baseline_does_not() -> None:
+@pytest.mark.parametrize("features", [False, True], ids=["lm-draft", "feature-draft"])
+def test_online_draft_rises_and_chases_the_policy_frozen_baseline_does_not(features: bool) -> None:
+    """The same for a separate small LM and for an EAGLE-style ``FeatureDraft`` reading the policy's features."""
     torch.set_num_threads(1)
-    trained, dt, eng = iterate(True)
-    frozen, _, _ = iterate(False)
+    trained, dt, eng = iterate(True, features=features)
+    frozen, _, _ = iterate(False, features=features)
     assert trained[0] == frozen[0] < 0.3  # the random draft is NOT already accepted
     pre = sum(trained[SHIFT - 2 : SHIFT]) / 2
     assert pre > trained[0] + 0.3  # rises while the policy is fixed
