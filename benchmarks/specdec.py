@@ -9,9 +9,9 @@
 
 ``--model``: the policy is the real LM; the draft is its early exit (embeddings, frozen; first ``--draft-layers``
 blocks; final norm) or, with ``--draft features``, an EAGLE-style ``FeatureDraft`` (the policy's feature before each
-token + the token → one block initialised from the policy's first), either with a head over the ``--draft-vocab`` tokens carrying the most policy mass on plain T=1 rollouts
-of TRAIN prompts (``SubsetHead``: q = 0 elsewhere, still lossless), warm-started on those rollouts
-(``--warm-epochs``) and then trained online on speculative rollouts of the train prompts; timed on the test
+token + the token → one block initialised from the policy's first), either with a head over the ``--draft-vocab``
+tokens carrying the most policy mass on plain T=1 rollouts of TRAIN prompts (``SubsetHead``: q = 0 elsewhere, still
+lossless), warm-started on those rollouts (``--warm-epochs``) and then trained online on speculative rollouts of the train prompts; timed on the test
 prompts (``test.jsonl`` + ``test-phrasings.jsonl``, disjoint), T=1, batch 1 and 8, plain ``HFEngine`` and
 ``SpeculativeEngine`` alternated per request (batch); the last line is ``speedup: X`` (batch 1).
 
@@ -540,7 +540,8 @@ def real_main(args: argparse.Namespace) -> None:
         draft, what = early_exit_draft(policy, args.draft_layers, ids), f"policy's first {args.draft_layers} blocks"
     n_train = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     print(
-        f"policy {n_params(policy) / 1e6:.1f}M params ({args.dtype}); draft: {what} + norm + head over {args.draft_vocab or 'all'} tokens (covering {cover:.3f} of the policy's mass on "
+        f"policy {n_params(policy) / 1e6:.1f}M params ({args.dtype}); draft: {what} + norm + head over "
+        f"{args.draft_vocab or 'all'} tokens (covering {cover:.3f} of the policy's mass on "
         f"{args.vocab_prompts} train rollouts), {n_train / 1e6:.1f}M trainable; {args.threads} threads; "
         f"{time.perf_counter() - t0:.1f}s",
         flush=True,

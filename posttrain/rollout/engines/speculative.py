@@ -116,11 +116,9 @@ class SpeculativeEngine(QueuedEngine):
         self.draft_version = draft_version
         self.verifier = verifier
         self.reads_features = getattr(draft, "reads_features", False)
-        """An EAGLE-style draft (``FeatureDraft``): the policy's final norm is hooked so every policy forward leaves
-        its features in ``_feat`` for the draft."""
+        """An EAGLE-style draft (``FeatureDraft``): each policy forward of this engine leaves the policy's features
+        (its final norm's output) in ``_feat`` for the draft."""
         self._feat: Tensor | None = None
-        if self.reads_features:
-            model.base_model.norm.register_forward_hook(lambda _m, _i, out: setattr(self, "_feat", out))
         self._experts: Tensor | None = None
         self.experts_recorder = None
         """R3 hook on the policy (``ExpertsRecorder``): the routes of every policy forward, recorded per trajectory
@@ -193,7 +191,15 @@ class SpeculativeEngine(QueuedEngine):
     # -- internals -------------------------------------------------------------------------------------------
     def _forward(self, model: torch.nn.Module, ids: Tensor, kv: KV | None, mask=None, pos=None) -> tuple[Tensor, KV]:  # noqa: ANN001
         rec = self.experts_recorder if model is self.model else None
-        logits, kv, self._experts = forward_kv(model, ids, mask, pos, kv, rec)
+        # hooked for this forward only: the policy may be shared (the learner, a plain engine, other engines)
+        hook = None
+        if model is self.model and self.reads_features:
+            hook = model.base_model.norm.register_forward_hook(lambda _m, _i, out: setattr(self, "_feat", out))
+        try:
+            logits, kv, self._experts = forward_kv(model, ids, mask, pos, kv, rec)
+        finally:
+            if hook is not None:
+                hook.remove()
         if model is self.model:
             self.policy_forwards += 1
         return logits, kv
