@@ -40,9 +40,12 @@ from posttrain.rollout.types import Request
 
 
 # -- credit on stored spans ----------------------------------------------------------------------------
-def session_steps(store: TraceStore, session: str, run: HarnessRun | None, tools: set[str]) -> list[Step]:
-    """One annotator ``Step`` per trainable segment of the session's exported path, in order."""
-    ex = store.session_export(session)
+def session_steps(
+    store: TraceStore, session: str, run: HarnessRun | None, tools: set[str], export: dict[str, Any] | None = None
+) -> list[Step]:
+    """One annotator ``Step`` per trainable segment of the session's exported path (``export``: its
+    ``session_export``, read here when not given), in order."""
+    ex = export if export is not None else store.session_export(session)
     order = store.session_calls[session]
     steps = []
     for cid in ex["calls"]:
@@ -67,10 +70,15 @@ def session_steps(store: TraceStore, session: str, run: HarnessRun | None, tools
 
 
 def session_credit(
-    store: TraceStore, sessions: list[str], advantages: list[float], weights: list[list[float]]
+    store: TraceStore,
+    sessions: list[str],
+    advantages: list[float],
+    weights: list[list[float]],
+    exports: list[dict[str, Any]] | None = None,
 ) -> list[list[float]]:
-    """Eq 30 per token of each session's exported path (0 on non-trainable tokens)."""
-    exports = [store.session_export(s) for s in sessions]
+    """Eq 30 per token of each session's exported path (0 on non-trainable tokens); ``exports``: the sessions'
+    ``session_export``, read here when not given."""
+    exports = exports if exports is not None else [store.session_export(s) for s in sessions]
     T = max(len(e["token_ids"]) for e in exports)
     K = max(max((len(w) for w in weights), default=0), 1)
     seg = torch.full((len(sessions), T), -1, dtype=torch.long)
@@ -118,17 +126,24 @@ class ScriptedAgent:
         self.tok = tokenizer
         self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.replies: dict[str, list[str]] = {}
-        self.given: dict[str, list[int]] = {}
+        self.given: dict[str, dict[str, list[int]]] = {}
+        """session → request id → the reply's ids (a call paused across a sync is admitted again: the same reply)"""
 
     def assign(self, session: str, replies: list[str]) -> None:
         self.replies[session] = list(replies)
 
+    def forget(self, session: str) -> None:
+        """Drop a finished session's script and replies (a long run would otherwise keep every one)."""
+        self.replies.pop(session, None)
+        self.given.pop(session, None)
+
     def __call__(self, req: Request) -> list[int]:
-        if req.request_id not in self.given:  # a call paused across a sync is admitted again: the same reply
+        given = self.given.setdefault(req.group_id, {})
+        if req.request_id not in given:
             queue = self.replies.get(req.group_id)
             text = queue.pop(0) if queue else "I give up."
-            self.given[req.request_id] = self.tok.encode(text, add_special_tokens=False) + [self.im_end]
-        return self.given[req.request_id]
+            given[req.request_id] = self.tok.encode(text, add_special_tokens=False) + [self.im_end]
+        return given[req.request_id]
 
 
 # -- the run -------------------------------------------------------------------------------------------
@@ -293,9 +308,10 @@ class AgenticStage(Stage):
         paused = self.driver.hold()
         groups, rewards_all, unjailed, advs, dropped = [], [], 0, {}, []
         for g in ready:
-            sessions, rewards, weights = [], [], []
+            sessions, rewards, weights, exports = [], [], [], []
             for r in range(cfg.group_size):
                 sid, (run, verdict) = f"{g.key}:{r}", g.results[r]
+                self.agent.forget(sid)  # the session has ended: its script is spent
                 unjailed += not verdict.jailed
                 if verdict.status == INFRA or sid not in self.store.session_calls:  # never a 0 reward
                     dropped.append(Dropped(sid, self.name, "infra", {"task": g.task.task_id}))
@@ -309,15 +325,16 @@ class AgenticStage(Stage):
                     dropped.append(Dropped(sid, self.name, "images", {"task": g.task.task_id}))
                     continue
                 sessions.append(sid)
+                exports.append(ex)  # one export per session: the path walk is the costly part of a long session
                 rewards.append(float(verdict.reward))
-                weights.append(annotate(session_steps(self.store, sid, run, self.tools), self.tools))
+                weights.append(annotate(session_steps(self.store, sid, run, self.tools, ex), self.tools))
             if len(sessions) < 2:  # no leave-one-out baseline
                 dropped += [Dropped(s, self.name, "group_too_small", {"task": g.task.task_id}) for s in sessions]
                 continue
             a = loo_advantages(torch.tensor([rewards]))[0].tolist()
-            for s, adv in zip(sessions, session_credit(self.store, sessions, a, weights)):
-                advs[s] = adv[self.store.session_export(s)["spans"][0][0] :]
-            groups.append([self.store.session_trajectory(s, rw) for s, rw in zip(sessions, rewards)])
+            for s, ex, adv in zip(sessions, exports, session_credit(self.store, sessions, a, weights, exports)):
+                advs[s] = adv[ex["spans"][0][0] :]
+            groups.append([self.store.session_trajectory(s, rw, ex) for s, rw, ex in zip(sessions, rewards, exports)])
             rewards_all += rewards
         # unjailed: sessions graded outside the jail (sandbox.allow_unjailed), said per step
         trajs = [t for grp in groups for t in grp]

@@ -312,12 +312,12 @@ class TraceStore:
         images = [h for n in self.path(last["response_node"]) for h in MARKER.findall(n.text) if n.kind == CONTEXT]
         return {**out, "spans": spans, "calls": calls, "n_segments": k, "images": images}
 
-    def session_trajectory(self, session: str, reward: float) -> Trajectory:
+    def session_trajectory(self, session: str, reward: float, export: dict[str, Any] | None = None) -> Trajectory:
         """The session's exported path as one learner ``Trajectory``: prompt = the tokens before its first response,
         then every later token (responses trained on unless skipped, context between them masked). MoE (R3): the
         routes of the session's last call, whose prompt was the whole path before its response (every earlier
-        token routed at the session's version)."""
-        ex = self.session_export(session)
+        token routed at the session's version). ``export``: the session's ``session_export`` when the caller has it."""
+        ex = export if export is not None else self.session_export(session)
         start = ex["spans"][0][0]
         req = Request(session, ex["token_ids"][:start], group_id=tree_of(session))
         experts = self.nodes[self.calls[self.session_calls[session][-1]]["response_node"]].experts

@@ -101,6 +101,10 @@ class RouterTrainConfig:
     """α_s of Eq 4: strength of the signed prior (−1 domain, +1 general)."""
 
 
+PATH_FIELDS = ("base", "tokenizer", "domain_train", "domain_eval", "general_train", "general_eval")
+"""``MemdecConfig`` fields that name a file or directory with a default under ``work_dir``."""
+
+
 @dataclass(frozen=True)
 class MemdecConfig:
     """One Memory Decoder run."""
@@ -141,7 +145,9 @@ class MemdecConfig:
     two OpenMP threads spin against other processes and ran base training 14x slower here."""
 
     def path(self, name: str) -> str:
-        """A configured path, or its default under ``work_dir``."""
+        """A configured path, or its default under ``work_dir``: ``name`` is one of ``PATH_FIELDS``."""
+        if name not in PATH_FIELDS:
+            raise ValueError(f"unknown path {name!r}: one of {', '.join(PATH_FIELDS)}")
         default = name if name in ("base", "tokenizer") else f"data/{name}.jsonl"  # where ``prepare`` writes them
         return getattr(self, name) or str(Path(self.work_dir) / default)
 

@@ -244,3 +244,11 @@ def test_corpus_shards_are_a_second_datastore_source(tmp_path) -> None:
     assert stats["resumed_from"] == {"sft": 0, "shards": 0} and stats["keys"] == stats["stored"] == n_sft + n_shard
     assert int((ids >= SHARD_SOURCE_OFFSET << 20).sum()) == n_shard  # the shard source's ids never meet the SFT's
     assert stats["target_positions"] == n_sft + n_shard
+
+
+def test_config_paths_default_under_work_dir_and_refuse_unknown_names() -> None:
+    cfg = debug()
+    assert cfg.path("base") == str(Path(cfg.work_dir) / "base")
+    assert cfg.path("domain_eval") == str(Path(cfg.work_dir) / "data" / "domain_eval.jsonl")
+    with pytest.raises(ValueError, match="unknown path 'seed'"):
+        cfg.path("seed")  # a field, but not a path: before, getattr returned 0 and the default was made up

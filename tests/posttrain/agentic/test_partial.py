@@ -81,3 +81,25 @@ def test_agentic_partial_rollout_trains_groups_in_order_across_syncs(tmp_path):
     assert trained_sync == trained and [r["reward"] for r in sync] == [r["reward"] for r in partial]
     assert all(r["sessions_in_flight"] == 0 and r["old_version_tokens"] == 0 for r in sync), sync
     assert all(r["multi_version_sessions"] == 0 and r["paused_calls"] == 0 for r in sync)
+
+
+def test_scripted_agent_keeps_a_paused_reply_and_forgets_an_ended_session():
+    """A call admitted again after a sync gets the reply it had; once its group is collected, the session's script
+    and replies are dropped (a long run kept every session's before)."""
+    from posttrain.agentic.rl import ScriptedAgent
+    from posttrain.rollout.types import Request
+
+    class Tok:  # ids = character codes; <|im_end|> = 0
+        def convert_tokens_to_ids(self, token):
+            return 0
+
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) for c in text]
+
+    agent = ScriptedAgent(Tok())
+    agent.assign("t-g0.r0:0", ["ab", "c"])
+    first = Request("call-1", [1, 2], group_id="t-g0.r0:0")
+    assert agent(first) == [97, 98, 0] and agent(first) == [97, 98, 0]  # resumed: same reply, queue untouched
+    assert agent(Request("call-2", [1], group_id="t-g0.r0:0")) == [99, 0]
+    agent.forget("t-g0.r0:0")
+    assert agent.given == {} and agent.replies == {}
