@@ -180,6 +180,48 @@ def kernel_synth(rng: np.random.Generator, length: int = 640, max_kernels: int =
     return chol @ rng.standard_normal(length)
 
 
+PROFILE_PERIODS = (7, 12, 24, 24, 48, 48, 96, 144, 168)
+
+
+def profile_synth(rng: np.random.Generator, length: int = 1024) -> np.ndarray:
+    """One sub-daily-style series: a non-sinusoidal cycle (a Fourier series with decaying harmonics, a clipped
+    daylight bump, or a squared-off wave) of a period in ``PROFILE_PERIODS``, optionally modulated by a 7-cycle
+    "week" and by a random scale per cycle ("cloudy days"), on a slowly drifting level and amplitude, plus AR(1)
+    noise, optionally clipped at zero. KernelSynth's periodic kernel gives smooth, sine-like cycles of fixed
+    amplitude; electricity, solar and temperature records are sharper and drift, and the default model's weakest
+    validation set is the half-hourly solar one."""
+    from scipy.signal import lfilter
+
+    p = int(rng.choice(PROFILE_PERIODS))
+    t = np.arange(length)
+    phase = 2 * np.pi * (t % p) / p
+    kind = rng.choice(["fourier", "fourier", "bump", "square"])
+    if kind == "fourier":
+        ks = np.arange(1, int(rng.integers(2, 7)) + 1)
+        amp = ks ** -rng.uniform(0.5, 2.0) * rng.uniform(0.3, 1.0, ks.size)
+        shape = (amp[:, None] * np.cos(ks[:, None] * phase[None] + rng.uniform(0, 2 * np.pi, ks.size)[:, None])).sum(0)
+    elif kind == "bump":
+        centre, width = rng.uniform(0.3, 0.7) * p, rng.uniform(0.08, 0.25) * p
+        shape = np.exp(-0.5 * (((t % p) - centre) / width) ** 2)
+    else:
+        shape = np.tanh(rng.uniform(2, 8) * np.cos(phase + rng.uniform(0, 2 * np.pi)))
+    shape = shape / (shape.std() + 1e-9)
+    if rng.random() < 0.4:
+        week = 1 + rng.uniform(0.1, 0.5) * rng.standard_normal(7)
+        shape = shape * week[(t // p) % 7]
+    if rng.random() < 0.4:
+        shape = shape * np.exp(rng.uniform(0.05, 0.4) * rng.standard_normal(length // p + 1))[t // p]
+    drift = np.cumsum(rng.standard_normal(length)) * rng.uniform(0.0, 0.1)
+    amp_drift = np.exp(np.cumsum(rng.standard_normal(length)) * rng.uniform(0.0, 0.01))
+    level = drift + rng.uniform(-0.01, 0.01) * t * rng.integers(0, 2)
+    phi, sigma = rng.uniform(0.0, 0.9), rng.uniform(0.02, 0.5)
+    noise = lfilter([1.0], [1.0, -phi], rng.standard_normal(length) * sigma)
+    y = amp_drift * shape + level + noise
+    if kind == "bump" or rng.random() < 0.15:
+        y = np.maximum(y - np.quantile(y, rng.uniform(0.0, 0.4)), 0.0)
+    return y * rng.uniform(0.5, 100.0) + rng.uniform(-10.0, 100.0) * rng.integers(0, 2)
+
+
 def build(out_dir: str, n_synth: int = 1000, seed: int = 0) -> dict:
     """Write ``out_dir/corpus.npz`` (values concatenated, offsets, sources) and ``out_dir/corpus.json`` (counts)."""
     from formats import fs

@@ -87,6 +87,8 @@ class FitConfig:
     """Share of windows that are a TSMixup of 2–3 series (Chronos §4.1)."""
     synth: float = 0.0
     """Share of windows drawn from the KernelSynth series (sources named ``kernelsynth:…``)."""
+    profile: float = 0.0
+    """Share of windows cut from a fresh ``corpus.profile_synth`` series (sharp, drifting sub-daily-style cycles)."""
     group_power: float = 0.5
     """A real source group is drawn with weight (its points) ** ``group_power``: 0.5 = square root, 0 = uniform."""
     seed: int = 0
@@ -381,6 +383,10 @@ class Windows:
             raise ValueError(f"no series longer than min_context={fcfg.min_context}")
 
     def _pick(self) -> np.ndarray:
+        if self.f.profile and self.rng.random() < self.f.profile:
+            from pretrain.timeseries.corpus import profile_synth
+
+            return profile_synth(self.rng)
         if self.synth and (not self.groups or self.rng.random() < self.f.synth):
             return self.series[self.synth[self.rng.integers(len(self.synth))]]
         g = self.groups[self.rng.choice(len(self.groups), p=self.group_p)]
@@ -500,6 +506,7 @@ def pretrain_default(
     synth: float = 0.3,
     group_power: float = 0.5,
     seasonal: bool = True,
+    profile: float = 0.0,
 ) -> dict[str, Any]:
     """The recipe of the shipped weights: KernelSynth ``synth`` (30 %), TSMixup 20 %, the rest real series (source
     groups weighted by the square root of their points) minus the validation tails (``VALIDATION``), batch 96, lr
@@ -518,7 +525,7 @@ def pretrain_default(
     else:
         model = PatchForecaster(PatchConfig(seasonal=seasonal))
     fcfg = FitConfig(minutes=minutes, batch=96, lr=lr, warmup=200, mixup=0.2, synth=synth, seed=seed,
-                     group_power=group_power, threads=threads, log_every=100)  # fmt: skip
+                     profile=profile, group_power=group_power, threads=threads, log_every=100)  # fmt: skip
     meta = {"corpus": corpus, "fit": dataclasses.asdict(fcfg), "series": len(series), "init": init,
             "validation_tails_held_out": True}  # fmt: skip
     if init:
@@ -541,6 +548,8 @@ def main() -> int:
     ap.add_argument("--init", default=None, help="continue from this weights file instead of from scratch")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (cosine to a tenth of it)")
     ap.add_argument("--synth", type=float, default=0.3, help="share of KernelSynth windows")
+    ap.add_argument("--profile", type=float, default=0.0,
+                    help="share of windows from generated sub-daily-style cycles (corpus.profile_synth)")  # fmt: skip
     ap.add_argument("--group-power", type=float, default=0.5, help="source group weight = points ** this")
     ap.add_argument(
         "--no-seasonal",
@@ -556,7 +565,7 @@ def main() -> int:
         print(json.dumps(validate(load(args.validate), args.corpus)))
         return 0
     meta = pretrain_default(args.corpus, args.out, args.minutes, args.seed, args.threads, args.init, args.lr,
-                            args.synth, args.group_power, args.seasonal)  # fmt: skip
+                            args.synth, args.group_power, args.seasonal, args.profile)  # fmt: skip
     print(json.dumps(meta | {"validation": validate(load(args.out), args.corpus)}))
     return 0
 

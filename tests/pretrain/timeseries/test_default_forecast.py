@@ -203,3 +203,20 @@ def test_seasonal_path_detects_periods_and_starts_as_the_model_it_extends():
     series = [day[:300] * 5 + 20, np.cumsum(rng.standard_normal(200))]
     assert new.cfg.seasonal and not old.cfg.seasonal
     assert np.array_equal(predict(old, series, 24)[1], predict(new, series, 24)[1])
+
+
+def test_profile_windows_are_finite_cycles_whose_period_is_found():
+    from pretrain.timeseries import corpus
+
+    rng = np.random.default_rng(0)
+    xs = [corpus.profile_synth(rng) for _ in range(64)]
+    assert all(x.shape == (1024,) and np.isfinite(x).all() and x.std() > 0 for x in xs)
+    # the generator's cycles are what detect_period finds (within 5 %, or a multiple when a "week" dominates) in most
+    found = _periods([x[-512:] for x in xs])
+    assert np.mean([p > 1 for p in found]) >= 0.8
+    # FitConfig.profile = 1: every window is cut from a fresh generated series
+    cfg = pretrained.PatchConfig(d_model=16, layers=1)
+    data = pretrained.Windows([np.arange(600.0)], ["aeon:Lynx/Lynx.csv:0"], cfg,
+                              pretrained.FitConfig(batch=8, profile=1.0))  # fmt: skip
+    z, obs, y = data.batch()
+    assert z.shape == (8, 512) and torch.isfinite(z).all() and (obs.sum(1) >= 8).all() and torch.isfinite(y).any()
