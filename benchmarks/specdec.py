@@ -13,7 +13,8 @@ token + the token → one block initialised from the policy's first), either wit
 tokens carrying the most policy mass on plain T=1 rollouts of TRAIN prompts (``SubsetHead``: q = 0 elsewhere, still
 lossless), warm-started on those rollouts (``--warm-epochs``) and then trained online on speculative rollouts of the train prompts; timed on the test
 prompts (``test.jsonl`` + ``test-phrasings.jsonl``, disjoint), T=1, batch 1 and 8, plain ``HFEngine`` and
-``SpeculativeEngine`` alternated per request (batch); the last line is ``speedup: X`` (batch 1).
+``SpeculativeEngine`` alternated per request (batch); the last line is ``speedup: X`` (batch 1). ``--workload
+explain`` asks the same problems for an explanation and stops each request at its end of turn (``WORKLOADS``).
 
 The policy is a Qwen2 built from a config with random weights: its head is scaled by ``--sharpen`` (peaked
 next-token laws) and its token embeddings by ``--embed`` (the token then dominates the residual stream, so
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
 import time
 
@@ -164,6 +166,13 @@ def main() -> None:
         default=0,
         help="--model: train prompts whose plain rollouts warm-start the draft (default: the --vocab-prompts ones)",
     )
+    ap.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="answer",
+        help="--model: the smol questions decoded past their end of turn (answer), or asked for an explanation and "
+        "decoded to their end of turn (explain); see WORKLOADS",
+    )
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="--model: timed batch sizes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep-k", type=int, nargs="*", default=[], help="--model: also time batch 1 at these K")
@@ -292,29 +301,49 @@ def early_exit_draft(policy: torch.nn.Module, n_layers: int, vocab_ids: torch.Te
     return draft.float()
 
 
-def chat_prompts(path: str, tokenizer, n: int | None = None) -> list[list[int]]:  # noqa: ANN001
-    """Rows of a smol jsonl set through SmolLM2's chat template (``posttrain.rl.task.prompt_ids``)."""
+WORKLOADS = ("answer", "explain")
+"""``answer``: the smol rows as they are ("… Reply with the integer only."), every request decoding ``--tokens``
+tokens past its end of turn (``ignore_eos``: the answers are a few tokens, so most timed tokens are what the model
+invents after them: new chat turns on random topics). ``explain``: the same problems asked as "Explain step by step
+how to work out a op b.", each request stopping at its end of turn or at ``--tokens``: the text the model means to
+write, as RL rollouts and served requests decode it."""
+_PROBLEM = re.compile(r"(-?\d+)\s*([-+*×x÷/])\s*(-?\d+)")
+
+
+def chat_prompts(path: str, tokenizer, n: int | None = None, workload: str = "answer") -> list[list[int]]:  # noqa: ANN001
+    """Rows of a smol jsonl set through SmolLM2's chat template (``posttrain.rl.task.prompt_ids``); ``explain``
+    (``WORKLOADS``) rewrites each row's question."""
     import json
 
     from posttrain.rl.task import prompt_ids
 
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
+    if workload == "explain":
+        for r in rows:
+            a, op, b = _PROBLEM.search(r["messages"][-1]["content"]).groups()
+            text = f"Explain step by step how to work out {a} {op} {b}."
+            r["messages"] = [*r["messages"][:-1], {"role": "user", "content": text}]
     return [prompt_ids(r, tokenizer) for r in rows[:n]]
 
 
-def chat_requests(tag: str, prompts: list[list[int]], length: int, seed: int) -> list[Request]:
+def chat_requests(tag: str, prompts: list[list[int]], length: int, seed: int, to_eos: bool = False) -> list[Request]:
+    """T=1 requests of ``length`` tokens (``to_eos``: or fewer, stopping at the end of turn)."""
     return [
-        Request(f"{tag}{i}", list(p), SamplingParams(max_new_tokens=length, ignore_eos=True, seed=seed * 1000 + i))
+        Request(
+            f"{tag}{i}", list(p), SamplingParams(max_new_tokens=length, ignore_eos=not to_eos, seed=seed * 1000 + i)
+        )
         for i, p in enumerate(prompts)
     ]
 
 
 @torch.no_grad()
-def plain_rollouts(policy: torch.nn.Module, prompts: list[list[int]], length: int, seed: int) -> list:
+def plain_rollouts(
+    policy: torch.nn.Module, prompts: list[list[int]], length: int, seed: int, to_eos: bool = False
+) -> list:
     """Plain T=1 rollouts on the HF engine (the same law as speculative ones: sampling is lossless)."""
     eng = HFEngine(policy, capacity=16)
-    eng.submit(chat_requests("v", prompts, length, seed))
+    eng.submit(chat_requests("v", prompts, length, seed, to_eos))
     return drain(eng)
 
 
@@ -442,32 +471,37 @@ def time_pairs(policy, draft, k: int, batches: list[list[Request]], spec_cap: in
     spec.submit([copy.deepcopy(batches[0][0])])
     drain(spec)
     spec.accepted = spec.reached = spec.rounds = spec.emitted = 0
-    tp_all, ts_all, n_tok, ratios = 0.0, 0.0, 0, []
+    # Each side's own token count: requests that stop at their end of turn sample different lengths on the two
+    # sides (the same law, other draws), so the speed-up is a ratio of tokens per second, not of times.
+    tp_all, ts_all, n_plain, n_spec, ratios = 0.0, 0.0, 0, 0, []
     for i, b in enumerate(batches):
         order = [("plain", plain), ("spec", spec)] if i % 2 == 0 else [("spec", spec), ("plain", plain)]
-        t = {}
+        t, n = {}, {}
         for name, eng in order:
             t0 = time.perf_counter()
             eng.submit([copy.deepcopy(r) for r in b])
             done = drain(eng)
             t[name] = time.perf_counter() - t0
-        n_tok += sum(d.n_tokens for d in done)
+            n[name] = sum(d.n_tokens for d in done)
+        n_plain, n_spec = n_plain + n["plain"], n_spec + n["spec"]
         tp_all, ts_all = tp_all + t["plain"], ts_all + t["spec"]
-        ratios.append(t["plain"] / t["spec"])
+        ratios.append((n["spec"] / t["spec"]) / (n["plain"] / t["plain"]))
         print(
-            f"    {b[0].request_id}..: plain {t['plain']:.2f}s, speculative {t['spec']:.2f}s, ratio {ratios[-1]:.2f}x",
+            f"    {b[0].request_id}..: plain {n['plain']} tokens {t['plain']:.2f}s, speculative {n['spec']} tokens "
+            f"{t['spec']:.2f}s, ratio {ratios[-1]:.2f}x",
             flush=True,
         )
     return {
         "requests": sum(len(b) for b in batches),
-        "tokens": n_tok,
+        "tokens": n_plain,
+        "spec_tokens": n_spec,
         "plain_s": tp_all,
         "spec_s": ts_all,
-        "plain_tok_s": n_tok / tp_all,
-        "spec_tok_s": n_tok / ts_all,
+        "plain_tok_s": n_plain / tp_all,
+        "spec_tok_s": n_spec / ts_all,
         "acceptance": spec.acceptance,
         "tokens_per_round": spec.emitted / max(1, spec.rounds),
-        "speedup": tp_all / ts_all,
+        "speedup": (n_spec / ts_all) / (n_plain / tp_all),
         "median_pair_ratio": sorted(ratios)[len(ratios) // 2],
     }
 
@@ -510,8 +544,12 @@ def real_main(args: argparse.Namespace) -> None:
     policy = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     policy.to(getattr(torch, args.dtype))
     data = Path(args.data)
-    train = chat_prompts(str(data / "train.jsonl"), tok)
-    test = chat_prompts(str(data / "test.jsonl"), tok) + chat_prompts(str(data / "test-phrasings.jsonl"), tok)
+    wl, to_eos = args.workload, args.workload == "explain"
+    train = chat_prompts(str(data / "train.jsonl"), tok, workload=wl)
+    test = chat_prompts(str(data / "test.jsonl"), tok, workload=wl)
+    test += chat_prompts(str(data / "test-phrasings.jsonl"), tok, workload=wl)
+    seen = {tuple(p) for p in train}  # a phrasings problem may repeat a train one once the wording is the same
+    test = [p for i, p in enumerate(test) if tuple(p) not in seen and tuple(p) not in {tuple(q) for q in test[:i]}]
     rng = torch.Generator().manual_seed(args.seed)
     train = [train[i] for i in torch.randperm(len(train), generator=rng).tolist()]
     test = [test[i] for i in torch.randperm(len(test), generator=rng).tolist()]
@@ -527,11 +565,13 @@ def real_main(args: argparse.Namespace) -> None:
         "draft_layers": args.draft_layers if args.draft == "early-exit" else 1,
         "draft_vocab": args.draft_vocab,
         "tokens": args.tokens,
+        "workload": args.workload,
+        "timed_prompts": len(test),
     }
     # -- the draft: early exit with a head over the tokens the policy uses on TRAIN rollouts -------------------
     t0 = time.perf_counter()
     ids, cover = None, 1.0
-    warm = plain_rollouts(policy, train[: args.vocab_prompts], args.train_tokens, args.seed + 1)
+    warm = plain_rollouts(policy, train[: args.vocab_prompts], args.train_tokens, args.seed + 1, to_eos)
     if args.draft_vocab:
         ids, cover = choose_vocab(policy, warm, args.draft_vocab)
     if args.draft == "features":
@@ -563,7 +603,7 @@ def real_main(args: argparse.Namespace) -> None:
             )
         if args.warm_prompts > args.vocab_prompts:  # more plain rollouts (batched: cheap next to batch-1 decoding)
             more = train[args.vocab_prompts : args.warm_prompts]
-            warm = warm + plain_rollouts(policy, more, args.train_tokens, args.seed + 2)
+            warm = warm + plain_rollouts(policy, more, args.train_tokens, args.seed + 2, to_eos)
         loss = warm_start(trainer, policy, warm, args.warm_epochs)
         out["warm_start"] = {
             "rollouts": len(warm),
@@ -581,7 +621,9 @@ def real_main(args: argparse.Namespace) -> None:
     for it in range(args.max_iters):
         lo = (it * args.train_batch) % len(train)
         batch = (train + train)[lo : lo + args.train_batch]
-        acc, m = online_iter(eng, trainer, policy, chat_requests(f"t{it}-", batch, args.train_tokens, seed=100 + it))
+        acc, m = online_iter(
+            eng, trainer, policy, chat_requests(f"t{it}-", batch, args.train_tokens, seed=100 + it, to_eos=to_eos)
+        )
         hist.append({"iter": it, "acceptance": acc, "draft_loss": m["draft_loss"]})
         print(
             f"  online draft iter {it:2d}: acceptance of this rollout {acc:.3f}, draft loss {m['draft_loss']:.3f} "
@@ -597,7 +639,7 @@ def real_main(args: argparse.Namespace) -> None:
         print(f"  lossless check: {chk}", flush=True)
     # -- timed on the TEST prompts, T=1, plain vs speculative alternated per request/batch --------------------
     for bs in args.batch_sizes:
-        reqs = chat_requests(f"b{bs}-", test[: args.requests * bs], args.tokens, seed=7 + bs)
+        reqs = chat_requests(f"b{bs}-", test[: args.requests * bs], args.tokens, seed=7 + bs, to_eos=to_eos)
         batches = [reqs[i : i + bs] for i in range(0, len(reqs), bs)]
         print(f"  timed at batch {bs}: {len(reqs)} test requests x {args.tokens} tokens", flush=True)
         r = time_pairs(policy, draft, args.k, batches, bs)
@@ -610,7 +652,7 @@ def real_main(args: argparse.Namespace) -> None:
             flush=True,
         )
     for kk in args.sweep_k:  # K tuning: batch 1, the same trained draft (trained with windows of --k)
-        reqs = chat_requests(f"k{kk}-", test[: args.requests], args.tokens, seed=7)
+        reqs = chat_requests(f"k{kk}-", test[: args.requests], args.tokens, seed=7, to_eos=to_eos)
         print(f"  K sweep: K={kk}, batch 1, {len(reqs)} test requests", flush=True)
         r = time_pairs(policy, draft, kk, [[q] for q in reqs], 1)
         out.setdefault("k_sweep", {})[str(kk)] = r
