@@ -548,8 +548,12 @@ def real_main(args: argparse.Namespace) -> None:
     train = chat_prompts(str(data / "train.jsonl"), tok, workload=wl)
     test = chat_prompts(str(data / "test.jsonl"), tok, workload=wl)
     test += chat_prompts(str(data / "test-phrasings.jsonl"), tok, workload=wl)
-    seen = {tuple(p) for p in train}  # a phrasings problem may repeat a train one once the wording is the same
-    test = [p for i, p in enumerate(test) if tuple(p) not in seen and tuple(p) not in {tuple(q) for q in test[:i]}]
+    seen, kept = {tuple(p) for p in train}, []  # once reworded, a problem may repeat a train or an earlier test one
+    for p in test:
+        if tuple(p) not in seen:
+            seen.add(tuple(p))
+            kept.append(p)
+    test = kept
     rng = torch.Generator().manual_seed(args.seed)
     train = [train[i] for i in torch.randperm(len(train), generator=rng).tolist()]
     test = [test[i] for i in torch.randperm(len(test), generator=rng).tolist()]
