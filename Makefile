@@ -35,9 +35,13 @@ system-deps:
 	   bubblewrap openssh-server pdsh >/dev/null); \
 	else echo "not root: install chromium, chromium-driver, iproute2, bubblewrap, openssh-server and pdsh yourself"; fi
 
-# The whole suite, offline. HF_HUB_OFFLINE proves no test loads weights from a hub.
+# The whole suite, offline. HF_HUB_OFFLINE proves no test loads weights from a hub. Two pytest-xdist workers, one a
+# core: most tests are one-threaded torch or wait on a subprocess; tests/conftest.py keeps a module's tests on one
+# worker and every Milvus-server test on one (its ports are fixed). TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
 test:
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -p no:cacheprovider --durations=15
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -p no:cacheprovider --durations=15 \
+	  -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -m "not slow and not integration"

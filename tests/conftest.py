@@ -22,6 +22,23 @@ os.environ.setdefault("SCIFOLIO_NATIVE_CACHE", str(_ROOT / ".cache" / "native"))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``): a module's tests run on one worker, so
+    its module fixtures are built once, and every test on the session's Milvus server shares one worker, since the
+    server binds fixed ports (19530, ...) and a second worker could not start its own."""
+    for item in items:
+        if any(m.name == "xdist_group" for m in item.iter_markers()):
+            continue
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "milvus_server" in getattr(item, "fixturenames", ()) or params.get("index_config_factory") == "server":
+        return "milvus-server"
+    return item.nodeid.split("::")[0]
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     from pipelines.tiny import write_tiny_tokenizer

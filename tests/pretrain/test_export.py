@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipelines.cli.pretrain import _free_port
 from tests.conftest import needs_loopback_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def _train(corpus: Path, models: Path, out: Path, stage: int, ranks: int) -> Non
         cmd = [sys.executable, *module]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr"]
-        cmd += ["127.0.0.1", "--master_port", "29531", *module]
+        cmd += ["127.0.0.1", "--master_port", str(_free_port()), *module]  # pytest-xdist: another worker may rendezvous
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
 
