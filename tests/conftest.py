@@ -22,6 +22,7 @@ os.environ.setdefault("SCIFOLIO_NATIVE_CACHE", str(_ROOT / ".cache" / "native"))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``): a module's tests run on one worker, so
     its module fixtures are built once, and every test on the session's Milvus server shares one worker, since the
