@@ -37,11 +37,11 @@ system-deps:
 
 # The whole suite, offline. HF_HUB_OFFLINE proves no test loads weights from a hub. Two pytest-xdist workers, one a
 # core: most tests are one-threaded torch or wait on a subprocess; tests/conftest.py keeps a module's tests on one
-# worker and every Milvus-server test on one (its ports are fixed). TEST_WORKERS=0 runs it serially.
+# worker, every Milvus-server test on one (its ports are fixed), slow modules first. TEST_WORKERS=0: serially.
 TEST_WORKERS ?= 2
 test:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -p no:cacheprovider --durations=15 \
-	  -n $(TEST_WORKERS) --dist loadgroup
+	  -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast:
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests -q -m "not slow and not integration"

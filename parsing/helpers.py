@@ -48,7 +48,8 @@ _backends: BackendSet | None = None  # in the lane process
 def _init_helper() -> None:
     from parsing.procs import die_with_parent
 
-    die_with_parent()
+    parent = multiprocessing.parent_process()  # the parse worker that spawned this helper
+    die_with_parent(parent.pid if parent is not None else None)
     try:
         os.nice(NICE)
     except OSError:

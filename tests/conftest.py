@@ -24,13 +24,19 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``): a module's tests run on one worker, so
-    its module fixtures are built once, and every test on the session's Milvus server shares one worker, since the
-    server binds fixed ports (19530, ...) and a second worker could not start its own."""
+    """Groups for pytest-xdist (`make test` runs ``-n 2 --dist loadgroup --no-loadscope-reorder``): a module's tests
+    run on one worker, so its module fixtures are built once, and every test on the session's Milvus server shares
+    one worker, since the server binds fixed ports (19530, ...) and a second worker could not start its own.
+    Groups holding a slow or integration test go first (in collection order otherwise): a multi-minute test
+    dealt out last would leave the other worker idle at the end."""
     for item in items:
-        if any(m.name == "xdist_group" for m in item.iter_markers()):
-            continue
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+        if not any(m.name == "xdist_group" for m in item.iter_markers()):
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+    group = {id(item): next(item.iter_markers("xdist_group")).args[0] for item in items}
+    heavy = {
+        group[id(item)] for item in items if item.get_closest_marker("slow") or item.get_closest_marker("integration")
+    }
+    items.sort(key=lambda item: group[id(item)] not in heavy)  # stable: the order within each part is kept
 
 
 def _xdist_group(item: pytest.Item) -> str:
