@@ -30,9 +30,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Groups holding a slow or integration test go first (in collection order otherwise): a multi-minute test
     dealt out last would leave the other worker idle at the end."""
     for item in items:
-        if not any(m.name == "xdist_group" for m in item.iter_markers()):
+        if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
-    group = {id(item): next(item.iter_markers("xdist_group")).args[0] for item in items}
+    group = {id(item): item.get_closest_marker("xdist_group").args[0] for item in items}
     heavy = {
         group[id(item)] for item in items if item.get_closest_marker("slow") or item.get_closest_marker("integration")
     }
